@@ -1,0 +1,467 @@
+"""
+Binary rewards for RL on model-written text: 1.0 for a correct response, 0.0 otherwise.
+
+    score("math", completions, ground_truths)  # gold answers such as "56", "\\frac{1}{2}", "[1, 2)"
+    score("code", completions, test_specs)     # APPS/TACO/PRIME {"inputs": [...], "outputs": [...]}
+
+`score` is what the trainer calls once per iteration: the whole batch, in parallel, results in
+input order. Bad model output never raises (it scores 0); bad configuration (unknown task,
+malformed test spec) raises ValueError. Tests: `python -m pytest tests/test_reward.py`.
+
+Design choices:
+1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
+   trainer's process: math answers go to worker processes, programs to sandboxes.
+2. Math is judged by math-verify (parse + verify, gold first) on the last \\boxed{...} or the
+   last DAPO-style `Answer: ...` line in the tail of the completion.
+3. math-verify times out with signal.alarm, which only works on a main thread and never fires
+   while sympy is stuck in C (exponent towers). So verification runs in persistent worker
+   processes (started lazily, closed at exit) that the caller kills and replaces past a hard
+   wall-clock limit; obvious towers and huge exponents are rejected before sympy sees them.
+4. Every program runs in a fresh `python -I -S` inside bubblewrap: no network, read-only /usr
+   and Python prefix, a private 16 MiB /tmp as working dir, nothing else of the file system, an
+   empty environment; rlimits set by `prlimit` before exec (a preexec_fn is unsafe in the
+   multi-threaded trainer); stdout read up to a byte cap; wall-clock timeout; tree killed after.
+5. The kernel skips RLIMIT_NPROC for root, also for root in a user namespace. So as root the
+   outer bwrap unshares all but the user namespace, `setpriv` drops to an unused uid of its own
+   per concurrent run, and an inner bwrap adds a user namespace with --disable-userns (else the
+   program could create one and mount a tmpfs of unbounded size).
+6. Expected outputs never enter the sandbox; pass/fail is decided outside by comparing outputs
+   (never by exit code). Call-based problems run all their calls in one interpreter through a
+   small harness that prints JSON results after a random marker.
+7. Without bwrap we fall back to rlimits + `unshare` (network and pid namespaces) + a temp dir,
+   and say once, loudly, what is not isolated.
+"""
+import atexit, concurrent.futures, functools, json, math, os, queue, re, secrets, select
+import shutil, signal, subprocess, sys, tempfile, threading, time
+
+# --- configuration (defaults; timeouts can also be passed per call) ---
+MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
+MATH_TAIL_CHARS = 4000     # only the tail of a completion is searched for the final answer
+MATH_MAX_ANSWER = 400      # longer extracted answers score 0 without reaching sympy
+MATH_WORKER_MEM = 4 << 30  # address-space limit of a math worker (bytes)
+CODE_TIMEOUT_S = 5.0       # wall-clock limit per sandboxed interpreter run
+CODE_MAX_TESTS = 10        # tests run per problem (the first ones)
+CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
+CODE_MAX_OUTPUT = 4 << 20  # stdout bytes read per run; more is a failure, never truncated
+CODE_MEMORY = 1 << 30      # RLIMIT_AS per sandboxed process (bytes)
+CODE_NPROC = 8             # RLIMIT_NPROC (processes + threads) of a sandbox's uid
+CODE_FILE_SIZE = 16 << 20  # RLIMIT_FSIZE and the size of the sandbox's /tmp (bytes)
+SANDBOX_UID_BASE = 2_100_000_000  # as root: sandbox k runs as this uid + k (must be unused)
+BWRAP = shutil.which("bwrap")     # None selects the weaker fallback (tests flip it)
+_TOOLS = {t: shutil.which(t) or f"/usr/bin/{t}" for t in ("prlimit", "setpriv", "unshare")}
+
+# ------------------------------------------------------------------------------------ math
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_LINE = re.compile(r"(?im)^[ \t>*#]*(?:final[ \t]+)?answer[ \t]*:(.*)$")
+
+
+def _group(s, i):
+    """Text inside the bracket opening at s[i] up to its match, or None if unbalanced."""
+    close, depth = {"{": "}", "(": ")"}[s[i]], 0
+    for j in range(i, len(s)):
+        depth += (s[j] == s[i]) - (s[j] == close)
+        if depth == 0:
+            return s[i + 1:j]
+    return None
+
+
+def extract_answer(completion):
+    """The last \\boxed{...} or `Answer: ...` line in the tail, or None."""
+    text, answer, pos = completion[-MATH_TAIL_CHARS:], None, -1
+    for m in _BOXED.finditer(text):
+        inner = _group(text, m.end() - 1)
+        if inner is not None:
+            answer, pos = inner, m.start()
+    for m in _ANSWER_LINE.finditer(text):
+        if m.start() > pos:  # a later Answer line wins; "Answer: \boxed{5}" is boxed (later)
+            answer, pos = m.group(1), m.start()
+    answer = answer.strip(" \t*$").rstrip(".").strip(" \t*$") if answer else ""  # **, $..$, 56.
+    return answer or None
+
+
+def _pathological(answer):
+    """Expressions on which sympy may spend unbounded time in C (no alarm can stop it)."""
+    if len(answer) > MATH_MAX_ANSWER or re.search(r"\d{5,}\s*!|!\s*!", answer):
+        return True  # absurd length, factorials of huge numbers, (n!)!
+    for m in re.finditer(r"\^|\*\*", answer):
+        i = m.end() + len(answer[m.end():]) - len(answer[m.end():].lstrip())
+        if i < len(answer) and answer[i] in "{(":
+            exponent = _group(answer, i) or answer[i:]
+        else:
+            exponent = re.match(r"[\w.\\]*", answer[i:]).group()
+        if re.search(r"\^|\*\*|\d{5,}|!", exponent):
+            return True  # a tower (power in an exponent) or an exponent >= 10^4
+    return False
+
+
+def _math_worker():
+    """Worker main loop: one JSON [gold, answer, limit] per stdin line -> '1' or '0'."""
+    import resource
+    from math_verify import LatexExtractionConfig, parse, verify
+    resource.setrlimit(resource.RLIMIT_AS, (MATH_WORKER_MEM, MATH_WORKER_MEM))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    config = [LatexExtractionConfig()]
+    parse_boxed = lambda s, t: parse("\\boxed{" + s + "}", config, parsing_timeout=t)
+    gold_cache = functools.lru_cache(4096)(parse_boxed)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        gold, answer, limit = json.loads(line)
+        # If this worker is ever orphaned while stuck in C, SIGXCPU still ends it.
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        resource.setrlimit(resource.RLIMIT_CPU, (int(used + limit) + 2, resource.RLIM_INFINITY))
+        soft = max(1, int(limit) // 3)  # math-verify's own alarms (whole seconds) per stage
+        try:
+            ok = verify(gold_cache(gold, soft), parse_boxed(answer, soft), timeout_seconds=soft)
+        except BaseException:  # math-verify's TimeoutException is a BaseException
+            ok = False
+        print(int(bool(ok)), flush=True)
+
+
+class _Worker:
+    """A math worker process and a line protocol with a deadline on every read."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--math-worker"], bufsize=0,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # not in the trainer's process group: Ctrl-C is the trainer's
+        self.buf, self.ready = b"", False
+
+    def _readline(self, timeout):
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                return None  # the worker died
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def ask(self, gold, answer, limit):
+        """b'1' / b'0', or None when the worker is stuck or dead (then it must be replaced)."""
+        if not self.ready:  # start-up (importing sympy) does not count against the item's limit
+            if self._readline(120) != b"ready":
+                raise RuntimeError("math worker failed to start; is math-verify installed? "
+                                   f"try: {sys.executable} {__file__} --math-worker")
+            self.ready = True
+        try:
+            self.proc.stdin.write((json.dumps([gold, answer, limit]) + "\n").encode())
+        except OSError:
+            return None
+        return self._readline(limit)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+_pool_lock = threading.Lock()
+_workers, _idle = [], queue.Queue()
+
+
+def _verdict(gold, answer, limit):
+    worker = _idle.get()
+    try:
+        reply = worker.ask(gold, answer, limit)
+        if reply is None:  # stuck or crashed: kill it, start a replacement in its place
+            worker.kill()
+            with _pool_lock:
+                new = _Worker()
+                _workers[:] = [new if w is worker else w for w in _workers]
+            worker = new
+    finally:
+        _idle.put(worker)
+    return 1.0 if reply == b"1" else 0.0
+
+
+def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
+    return score("math", [completion], [ground_truth], workers=1, timeout=timeout)[0]
+
+
+# ------------------------------------------------------------------------------------ code
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
+_uids = queue.Queue()  # FIFO, so a just-used uid rests while others run
+for _k in range(256):
+    _uids.put(SANDBOX_UID_BASE + _k)
+_checked, _warned = set(), set()
+_HARNESS = r"""
+import json, os, sys
+sys.set_int_max_str_digits(0)
+path, mark, fn = sys.argv[1:4]
+calls = json.loads(sys.stdin.read())
+ns = {"__name__": "solution"}  # not __main__: a solution's own test block must not run
+exec(compile(open(path).read(), "solution.py", "exec"), ns)
+f = ns.get(fn) or getattr(ns["Solution"](), fn)  # a function, or a LeetCode-style class
+enc = lambda o: list(o) if hasattr(o, "__iter__") else repr(o)  # sets, generators, ...
+for args in calls:
+    try:
+        out = json.dumps(f(*args), default=enc)
+    except BaseException:
+        out = "!"
+    os.write(1, ("\n" + mark + out + "\n").encode())  # fd 1: immune to a replaced sys.stdout
+"""
+
+
+def extract_code(completion):
+    """The last ```python block (an unclosed final one counts), else the whole completion."""
+    blocks = _FENCE.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def _parse_tests(tests):
+    spec = tests
+    if isinstance(tests, str):
+        try:
+            spec = json.loads(tests)
+        except ValueError:
+            raise ValueError(f"malformed test spec (not JSON): {tests[:200]!r}") from None
+    if not (isinstance(spec, dict) and isinstance(spec.get("inputs"), list) and spec["inputs"]
+            and isinstance(spec.get("outputs"), list)
+            and len(spec["inputs"]) == len(spec["outputs"])
+            and isinstance(spec.get("fn_name", ""), str)):
+        raise ValueError("malformed test spec (need non-empty 'inputs' and 'outputs' lists of "
+                         f"equal length, optional string 'fn_name'): {str(tests)[:200]!r}")
+    return spec
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself does not work (configuration, not model output)."""
+
+
+def _pids(uid):
+    pids = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and os.stat(f"/proc/{p}").st_uid == uid:
+                pids.append(int(p))
+        except OSError:
+            pass
+    return pids
+
+
+@functools.lru_cache(None)
+def _view():
+    """bwrap arguments for the file system a program sees: system, Python, /tmp."""
+    args = ["--die-with-parent", "--new-session", "--clearenv", "--ro-bind", "/usr", "/usr"]
+    for p in ("/bin", "/lib", "/lib64", "/sbin"):  # merged-/usr symlinks, or real dirs
+        args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else \
+                ["--ro-bind", p, p] if os.path.isdir(p) else []
+    for prefix in {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}:
+        if prefix == "/usr" or prefix.startswith("/usr/"):
+            continue
+        parts = prefix.strip("/").split("/")  # e.g. /root/.pyenv/versions/3.11.7: make the
+        for k in range(1, len(parts)):        # parents traversable (/root itself is 0700)
+            args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:k])]
+        args += ["--ro-bind", prefix, prefix]
+    return args + ["--proc", "/proc", "--dev", "/dev", "--perms", "1777",
+                   "--size", str(CODE_FILE_SIZE), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+
+
+def _sandbox_argv(d, uid, timeout):
+    root, nproc = os.geteuid() == 0, CODE_NPROC
+    if not root:  # RLIMIT_NPROC counts all tasks of the uid, the trainer's threads included
+        for p in _pids(os.geteuid()):
+            try:
+                nproc += len(os.listdir(f"/proc/{p}/task"))
+            except OSError:
+                pass
+    argv = [_TOOLS["prlimit"], f"--as={CODE_MEMORY}", f"--cpu={math.ceil(timeout) + 1}",
+            f"--nproc={nproc}", f"--fsize={CODE_FILE_SIZE}", "--nofile=64", "--core=0", "--"]
+    if BWRAP and root:
+        return argv + [BWRAP, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                       "--unshare-cgroup-try", *_view(), "--ro-bind", d, "/sandbox",
+                       _TOOLS["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                       "--bounding-set=-all", "--inh-caps=-all", "--",
+                       BWRAP, "--unshare-user", "--disable-userns", "--die-with-parent",
+                       "--dev-bind", "/", "/", "--"], "/sandbox/solution.py"
+    if BWRAP:
+        return argv + [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", *_view(),
+                       "--ro-bind", d, "/sandbox", "--"], "/sandbox/solution.py"
+    if "fallback" not in _warned:
+        _warned.add("fallback")
+        print("reward.py: WARNING bubblewrap (bwrap) not found; programs run with rlimits, no "
+              "network and their own pid namespace (unshare) in a temp dir, but NOT isolated "
+              "from the file system (they can read and write what this user can)"
+              + (" and, as root, with no process-count limit" if root else "")
+              + ". Install it: apt-get install -y bubblewrap", file=sys.stderr, flush=True)
+    return argv + [_TOOLS["unshare"], "--net", "--pid", "--fork", "--kill-child"] + (
+        [] if root else ["--map-root-user"]) + ["--"], os.path.join(d, "solution.py")
+
+
+def _run(code, stdin, call, timeout):
+    """Run `code` once in a fresh sandbox; its stdout, or None on timeout or too much output."""
+    uid = _uids.get()
+    try:
+        with tempfile.TemporaryDirectory(prefix="rwsbx-") as d:
+            for name, data in (("solution.py", code.encode("utf-8", "replace")), ("stdin", stdin)):
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(data)
+                os.chmod(f.name, 0o644)
+            os.chmod(d, 0o755)  # the unprivileged sandbox uid must read the program
+            argv, prog = _sandbox_argv(d, uid, timeout)
+            argv += [os.path.realpath(sys.executable), "-I", "-S"]
+            argv += ["-c", _HARNESS, prog, *call] if call else [prog]
+            with open(os.path.join(d, "stdin"), "rb") as fin:
+                proc = subprocess.Popen(argv, stdin=fin, stdout=subprocess.PIPE, cwd=d, env={},
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+            out, deadline = bytearray(), time.monotonic() + timeout
+            try:
+                while True:  # bounded read: never communicate() with a program that prints forever
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                        return None
+                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                    if not chunk:  # EOF: every process holding stdout has ended or closed it
+                        return bytes(out)
+                    out += chunk
+                    if len(out) > CODE_MAX_OUTPUT:
+                        return None
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # unreaped, so the group is still ours
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                proc.stdout.close()
+                # Killing bwrap tears its pid namespace down asynchronously; wait until the uid
+                # is empty so nothing outlives the call and the uid is clean for reuse.
+                end = time.monotonic() + 5
+                while BWRAP and os.geteuid() == 0 and _pids(uid) and time.monotonic() < end:
+                    for p in _pids(uid):
+                        try:
+                            os.kill(p, signal.SIGKILL)
+                        except OSError:
+                            pass
+                    time.sleep(0.005)
+    finally:
+        _uids.put(uid)
+
+
+def _check_sandbox():
+    """Once per mode: a trivial program must work, or every reward would silently be 0."""
+    if BWRAP not in _checked:
+        if _run("print(6 * 7)", b"", None, 30) != b"42\n":
+            argv, _ = _sandbox_argv(tempfile.gettempdir(), SANDBOX_UID_BASE, 30)
+            raise SandboxError(f"the code sandbox cannot run a trivial program: {argv}")
+        _checked.add(BWRAP)
+
+
+def _same_text(got, expected):
+    """Line by line, whitespace-normalised; numbers with a '.' within 1e-6."""
+    a = [line.split() for line in got.strip().splitlines()]
+    b = [line.split() for line in expected.strip().splitlines()]
+    return len(a) == len(b) and all(len(x) == len(y) and all(map(_same_token, x, y))
+                                    for x, y in zip(a, b))
+
+
+def _same_token(s, t):
+    if s == t or "." not in s + t:
+        return s == t
+    try:
+        return math.isclose(float(s), float(t), rel_tol=1e-6, abs_tol=1e-6)
+    except ValueError:
+        return False
+
+
+def _same_value(got, exp):
+    """Return values after a JSON round trip (tuples are lists); floats within 1e-6."""
+    if isinstance(got, bool) or isinstance(exp, bool):
+        return got is exp
+    if isinstance(got, (int, float)) and isinstance(exp, (int, float)):
+        return math.isclose(got, exp, rel_tol=1e-6, abs_tol=1e-6) if float in (type(got), type(exp)) \
+            else got == exp
+    if isinstance(got, list) and isinstance(exp, list):
+        return len(got) == len(exp) and all(map(_same_value, got, exp))
+    if isinstance(got, dict) and isinstance(exp, dict):
+        return got.keys() == exp.keys() and all(_same_value(got[k], exp[k]) for k in got)
+    return got == exp
+
+
+def _code_score(code, spec, timeout, max_tests):
+    if len(code) > CODE_MAX_CHARS:
+        return 0.0
+    _check_sandbox()
+    tests = list(zip(spec["inputs"], spec["outputs"]))[:max_tests]
+    if spec.get("fn_name"):  # call-based: all calls in one interpreter, compared out here
+        mark = "@@" + secrets.token_hex(8) + "@@"
+        calls = [args if isinstance(args, list) else [args] for args, _ in tests]
+        out = _run(code, json.dumps(calls).encode(), (mark, spec["fn_name"]), timeout)
+        if out is None:
+            return 0.0
+        lines = out.decode("utf-8", "replace").split("\n")
+        results = [line[len(mark):] for line in lines if line.startswith(mark)]
+        if len(results) != len(tests):
+            return 0.0
+        for result, (_, exp) in zip(results, tests):
+            got = json.loads(result)  # "!" (the call raised) fails here, scoring 0
+            if not (_same_value(got, exp) or  # APPS wraps return values in a list: [x]
+                    isinstance(exp, list) and len(exp) == 1 and _same_value(got, exp[0])):
+                return 0.0
+        return 1.0
+    text = lambda x: x if isinstance(x, str) else "\n".join(map(str, x)) \
+        if isinstance(x, list) else str(x)  # APPS sometimes stores lists of lines
+    for inp, exp in tests:  # stdin/stdout: one fresh interpreter per test, stop at a failure
+        out = _run(code, text(inp).encode("utf-8", "replace"), None, timeout)
+        if out is None or not _same_text(out.decode("utf-8", "replace"), text(exp)):
+            return 0.0
+    return 1.0
+
+
+def _code_reward(completion, spec, timeout, max_tests=CODE_MAX_TESTS):
+    try:
+        return _code_score(extract_code(completion), spec, timeout, max_tests)
+    except SandboxError:  # a broken sandbox is configuration too
+        raise
+    except Exception:  # anything the model's output provokes (bad JSON, str, ...) scores 0
+        return 0.0
+
+
+def code_reward(completion, tests, *, timeout=CODE_TIMEOUT_S, max_tests=CODE_MAX_TESTS):
+    return _code_reward(completion, _parse_tests(tests), timeout, max_tests)
+
+
+# ----------------------------------------------------------------------------------- batch
+def score(task, completions, ground_truths, workers=None, timeout=None):
+    """Rewards for a batch, in input order, `workers` items at a time (default: one per core)."""
+    if task not in ("math", "code"):
+        raise ValueError(f"unknown task {task!r}; expected 'math' or 'code'")
+    if len(completions) != len(ground_truths):
+        raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
+    workers = workers or len(os.sched_getaffinity(0))
+    if task == "code":
+        specs = [_parse_tests(t) for t in ground_truths]  # fail fast, before running anything
+        run = lambda c, s: _code_reward(c, s, timeout or CODE_TIMEOUT_S)
+        items = zip(completions, specs)
+    else:
+        for g in ground_truths:
+            if not isinstance(g, (str, int, float)) or isinstance(g, bool):
+                raise ValueError(f"math ground truth must be a string, got {g!r}")
+        with _pool_lock:  # persistent workers, started on first use
+            while len(_workers) < workers:
+                _workers.append(_Worker())
+                _idle.put(_workers[-1])
+        answers = [extract_answer(c) if isinstance(c, str) else None for c in completions]
+        run = lambda a, g: 0.0 if a is None or _pathological(a) else \
+            _verdict(str(g).strip().strip("$"), a, timeout or MATH_TIMEOUT_S)
+        items = zip(answers, ground_truths)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # threads drive processes
+        return list(pool.map(lambda item: run(*item), items))
+
+
+def close():
+    """Stop the math workers (also done at exit); the next score() starts new ones."""
+    global _idle
+    with _pool_lock:
+        for worker in _workers:
+            worker.kill()
+        _workers.clear()
+        _idle = queue.Queue()
+
+
+atexit.register(close)
+
+if __name__ == "__main__" and sys.argv[1:] == ["--math-worker"]:
+    _math_worker()

@@ -1,0 +1,291 @@
+"""
+Tests for reward.py: real math-verify workers, real sandboxes, real files and sockets.
+
+    python -m pytest tests/test_reward.py -q
+
+Attack programs print exactly what a *successful* attack would print, and that is the expected
+output, so a test can only fail (score 1) if the sandbox leaks. After each attack we check that
+the host still works and that no sandbox process is left (by scanning /proc cmdlines).
+"""
+import json, os, shutil, socket, subprocess, sys, tempfile, threading, time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import reward  # noqa: E402
+
+MARK = "rw-test-leftover-marker"  # put in the argv of processes an attack starts
+
+
+def stdin_spec(out, inp=""):
+    return {"inputs": [inp], "outputs": [out]}
+
+
+def leftovers():
+    """Processes of any sandbox (or started by an attack) still alive, after a grace period."""
+    for _ in range(40):
+        found = []
+        for p in os.listdir("/proc"):
+            try:
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes() if p.isdigit() else b""
+            except OSError:
+                continue
+            if any(m in cmd for m in (b"rwsbx-", b"/sandbox/solution.py", MARK.encode())):
+                found.append(cmd.replace(b"\0", b" ")[:120])
+        if not found:
+            return []
+        time.sleep(0.05)
+    return found
+
+
+def host_ok():
+    return subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True,
+                          timeout=30).stdout == b"1\n"
+
+
+# ------------------------------------------------------------------------------------ math
+def test_math_equivalent_forms_score_one():
+    cases = [("The answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"), ("\\boxed{1/2}", "\\frac{1}{2}"),
+             ("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{\\dfrac12}", "1/2"), ("\\boxed{x = 3}", "3"),
+             ("Answer: 56", "56"), ("work...\n**Answer:** $56$.", "56"), ("Answer: x=3", "3"),
+             ("\\boxed{[1,2)}", "[1, 2)"), ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"), ("\\boxed{56}", 56),
+             ("\\boxed{(-\\infty, 3]}", "(-\\infty,3]"), ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}")]
+    assert reward.score("math", [c for c, _ in cases], [g for _, g in cases]) == [1.0] * len(cases)
+
+
+def test_math_wrong_missing_and_last_answer():
+    cases = [("\\boxed{57}", "56"), ("\\boxed{[1, 2]}", "[1, 2)"), ("I think it is 56", "56"),
+             ("", "56"), ("\\boxed{56} wait, no: \\boxed{57}", "56"), ("Answer: 5\nAnswer: 6", "5"),
+             ("\\boxed{56", "56")]
+    assert reward.score("math", [c for c, _ in cases], [g for _, g in cases]) == [0.0] * len(cases)
+    assert reward.math_reward("\\boxed{57} hmm, actually \\boxed{56}", "56") == 1.0
+
+
+def test_math_pathological_inputs_return_in_time_from_a_thread():
+    items = [("\\boxed{9^{9^{9^{9}}}}", "1", 0.0),
+             ("\\boxed{\\dfrac{5^{\\left(5^{\\left(5^{\\left(5^5\\right)}\\right)} - 4\\right)} - 5}{16}}",
+              "1", 0.0),  # hangs math-verify's parse forever (Math-Verify issue #65)
+             ("x" * 200_000 + "\\boxed{56}", "56", 1.0), ("{" * 200_000, "56", 0.0),
+             ("\\boxed{" + "1+" * 100_000 + "1}", "100001", 0.0), ("\\boxed{2}", "2", 1.0)]
+    result = {}
+
+    def run():  # math-verify's signal.alarm would refuse to run here; the workers do not care
+        t = time.monotonic()
+        result["scores"] = reward.score("math", [c for c, _, _ in items], [g for _, g, _ in items],
+                                        timeout=3.0)
+        result["seconds"] = time.monotonic() - t
+
+    reward.score("math", ["\\boxed{1}"], ["1"])  # workers started, so start-up is not timed
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert result["scores"] == [v for _, _, v in items]
+    assert result["seconds"] < 3.0 * len(items) / 2, result  # every item within its 3 s limit
+
+
+def test_math_stuck_worker_is_killed_and_replaced():
+    # A hard limit below math-verify's own 1 s alarm: the worker is genuinely busy in sympy
+    # when the wall clock runs out, so the caller must kill it and start another.
+    reward.score("math", ["\\boxed{1}"], ["1"], workers=1)
+    pids = {w.proc.pid for w in reward._workers}
+    t = time.monotonic()
+    slow = "\\left(\\frac{3}{2}\\right)^{10^{8}} - 1"
+    assert reward._verdict("1", slow, 0.5) == 0.0
+    assert time.monotonic() - t < 1.5
+    assert pids != {w.proc.pid for w in reward._workers}  # one was replaced
+    assert reward.score("math", ["\\boxed{7}"] * 4, ["7"] * 4) == [1.0] * 4  # pool still works
+
+
+# ------------------------------------------------------------------------------------ code
+def test_code_correct_programs_pass():
+    add = {"fn_name": "add", "inputs": [[1, 2], [3, 4], [0.1, 0.2]], "outputs": [3, [7], 0.3]}
+    pair = {"fn_name": "pair", "inputs": [[1]], "outputs": [[[1, 2]]]}
+    echo = {"inputs": ["3\n1 2 3\n", "1\n5\n"], "outputs": ["6\n1 2 3", ["5", "5"]]}
+    completions = [
+        "Sure:\n```python\ndef add(a, b):\n    return a + b\n```\nDone.",
+        "```python\nclass Solution:\n    def add(self, a, b):\n        return a + b\n```",
+        "```py\ndef pair(x):\n    return (x, x + 1)  # a tuple vs the expected list\n```",
+        "```python\nprint('draft')\n```\n```python\nn = int(input())\nxs = input().split()\n"
+        "print(sum(map(int, xs)))\nprint(' '.join(xs))\n```",
+        "n = int(input())\nx = input()\nprint(x)\nprint(x)   ",  # no fence: the whole completion
+    ]
+    twice = {"inputs": ["1\nab   cd\n"], "outputs": [["ab cd", "ab cd"]]}  # list of lines
+    specs = [add, json.dumps(add), pair, echo, twice]
+    assert reward.score("code", completions, specs) == [1.0] * len(completions)
+    assert reward.code_reward("print(0.333333333)", stdin_spec("0.3333333333")) == 1.0
+
+
+def test_code_wrong_programs_fail():
+    echo = {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n3", "7\n7"]}
+    cases = [
+        ("a, b = map(int, input().split())\nprint(a + b)\nprint(a + b)\nprint(0)", echo),  # extra
+        ("a, b = map(int, input().split())\nprint(a + b)", echo),  # fewer lines than expected
+        ("print(3)\nprint(3)", echo),  # passes the first test only
+        ("def add(a, b):\n    return a - b", {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}),
+        ("def add(a, b):\n    raise ValueError", {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}),
+        ("def add(a, b) return", {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}),
+        ("def other(a, b):\n    return 3", {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}),
+        ("print(1000001)", stdin_spec("1000000")),  # integers compare exactly
+    ]
+    assert reward.score("code", [c for c, _ in cases], [s for _, s in cases]) == [0.0] * len(cases)
+
+
+@pytest.fixture
+def server():
+    """A loopback TCP server outside the sandbox that hands a token to whoever connects."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    state = {"token": "net-token-" + os.urandom(4).hex(), "connections": 0, "stop": False}
+
+    def serve():
+        while not state["stop"]:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            state["connections"] += 1
+            conn.sendall(state["token"].encode() + b"\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield srv.getsockname()[1], state
+    state["stop"] = True
+    thread.join()
+    srv.close()
+
+
+@pytest.fixture
+def open_dir():
+    """A world-writable dir outside pytest's 0700 tree, so only the sandbox's mounts protect it
+    (not also its unprivileged uid)."""
+    d = Path(tempfile.mkdtemp(prefix="rw-open-"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d)
+
+
+def attacks(tmp_path, port, token):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("planted-" + os.urandom(4).hex())
+    secret.chmod(0o644)
+    project_file = Path(reward.__file__).resolve()
+    daemon = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+              f"'import os, time\\nos.setsid()\\ntime.sleep(600)', '{MARK}'], "
+              "start_new_session=True, stdout=subprocess.DEVNULL)\n")
+    return {  # name: (program, expected output = what a successful attack prints, tests spec)
+        "infinite loop (+ escaped daemon)": (daemon + "print(42, flush=True)\nwhile True:\n    pass",
+                                             "42", None),
+        "fork bomb": ("import os\nprint(42, flush=True)\nwhile True:\n    try:\n        os.fork()\n"
+                      "    except OSError:\n        pass", "42", None),
+        "fork past the process limit": (  # at most 200 children, each closes stdout and sleeps
+            "import os, time\nn = 0\nwhile n < 200:\n    try:\n        pid = os.fork()\n"
+            "    except OSError:\n        break\n    if pid == 0:\n        os.close(1)\n"
+            "        time.sleep(3)\n        os._exit(0)\n    n += 1\nprint('unbounded' if n == 200 else n)",
+            "unbounded", None),
+        "allocate 100 GB": ("x = bytearray(100 * 2**30)\nprint(len(x))", str(100 * 2**30), None),
+        "print without end": ("while True:\n    print('y')", "y", None),
+        "os._exit(0) first": ("import os\nos._exit(0)", "42", None),
+        "sys.exit(0) first": ("import sys\nsys.exit(0)", "42", None),
+        "sys.exit(0) call-based": ("import sys\nsys.exit(0)\ndef f(x):\n    return x",
+                                   None, {"fn_name": "f", "inputs": [[1]], "outputs": [1]}),
+        "os._exit(0) in the call": ("def f(x):\n    import os\n    os._exit(0)",
+                                    None, {"fn_name": "f", "inputs": [[1]], "outputs": [1]}),
+        "socket to loopback": (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), "
+                               "timeout=2)\nprint(s.recv(100).decode().strip())", token, None),
+        "read a planted file": (f"print(open({str(secret)!r}).read())", secret.read_text(), None),
+        "read the project": (f"print(open({str(project_file)!r}).read())",
+                             project_file.read_text(), None),
+        "print the environment": (
+            "import os\nfound = os.environ.get('REWARD_TEST_SECRET', '')\n"
+            "for p in os.listdir('/proc'):\n    try:\n"
+            "        for kv in open(f'/proc/{p}/environ').read().split('\\0'):\n"
+            "            if kv.startswith('REWARD_TEST_SECRET='):\n"
+            "                found = kv.split('=', 1)[1]\n    except Exception:\n        pass\n"
+            "print(found)", "env-" + token, None),
+        "kill its parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                            "os.kill(-1, signal.SIGKILL)", "42", None),
+        "write the caller's cwd": (f"p = {str(tmp_path / 'pwned.txt')!r}\nopen(p, 'w').write('pwned')\n"
+                                   "print(open(p).read())", "pwned", None),
+    }
+
+
+def test_attacks_score_zero_and_leave_the_host_alone(open_dir, server, monkeypatch):
+    port, state, tmp_path = *server, open_dir
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REWARD_TEST_SECRET", "env-" + state["token"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # kill -1 bait
+    try:
+        for name, (code, expected, spec) in attacks(tmp_path, port, state["token"]).items():
+            t = time.monotonic()
+            got = reward.score("code", ["```python\n" + code + "\n```"], [spec or stdin_spec(expected)],
+                               timeout=2.0)
+            assert got == [0.0], name
+            assert time.monotonic() - t < 10, name
+            assert leftovers() == [], name
+            assert host_ok() and sleeper.poll() is None, name
+        assert state["connections"] == 0
+        assert not (tmp_path / "pwned.txt").exists()
+        # and a correct program still passes afterwards
+        assert reward.code_reward("print(input())", stdin_spec("hi", "hi\n")) == 1.0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_daemon_left_by_a_correct_program_is_killed():
+    code = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+            f"time.sleep(600)', '{MARK}'], start_new_session=True, stdout=subprocess.DEVNULL, "
+            "stderr=subprocess.DEVNULL)\nprint(42)")
+    assert reward.code_reward(code, stdin_spec("42")) == 1.0
+    assert leftovers() == []
+
+
+def test_fallback_without_bwrap_still_isolates_network_and_environment(
+        server, monkeypatch, capsys):
+    port, state = server
+    monkeypatch.setattr(reward, "BWRAP", None)
+    monkeypatch.setenv("REWARD_TEST_SECRET", "env-secret")
+    net = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+           "print(s.recv(100).decode().strip())")
+    env = "import os\nprint(os.environ.get('REWARD_TEST_SECRET'))"
+    completions = ["print(input()[::-1])", net, env, "import os\nos._exit(0)"]
+    specs = [stdin_spec("cba", "abc\n"), stdin_spec(state["token"]), stdin_spec("env-secret"),
+             stdin_spec("42")]
+    assert reward.score("code", completions, specs, timeout=2.0) == [1.0, 0.0, 0.0, 0.0]
+    assert state["connections"] == 0
+    assert "NOT isolated" in capsys.readouterr().err
+    assert leftovers() == []
+
+
+# ------------------------------------------------------------------------ configuration
+def test_bad_configuration_raises_value_error_naming_the_value():
+    with pytest.raises(ValueError, match="'chess'"):
+        reward.score("chess", ["x"], ["y"])
+    for bad in ["not json {", {"inputs": ["1"]}, {"inputs": ["1"], "outputs": []},
+                {"inputs": [], "outputs": []}, {"inputs": [[1]], "outputs": [1], "fn_name": 3}, 7]:
+        with pytest.raises(ValueError, match="malformed test spec"):
+            reward.score("code", ["print(1)"], [bad])
+    with pytest.raises(ValueError, match="not json"):
+        reward.code_reward("print(1)", "not json {")
+    with pytest.raises(ValueError, match="2 completions but 1"):
+        reward.score("math", ["a", "b"], ["1"])
+    with pytest.raises(ValueError, match="None"):
+        reward.score("math", ["\\boxed{1}"], [None])
+
+
+def test_bad_model_output_never_raises():
+    junk = [None, 3, "\ud800", "\\boxed{\\frac{", "```python\n\ud800\n```", "\0" * 100]
+    assert reward.score("math", junk, ["1"] * len(junk)) == [0.0] * len(junk)
+    assert reward.score("code", junk, [stdin_spec("1")] * len(junk)) == [0.0] * len(junk)
+
+
+def test_batch_results_keep_input_order():
+    n = 12
+    completions = [f"\\boxed{{{i if i % 3 else -1}}}" for i in range(n)]
+    assert reward.score("math", completions, [str(i) for i in range(n)], workers=3) == \
+        [0.0 if i % 3 == 0 else 1.0 for i in range(n)]
+    codes = [f"print({i if i % 2 else -1})" for i in range(n)]
+    assert reward.score("code", codes, [stdin_spec(str(i)) for i in range(n)], workers=3) == \
+        [0.0 if i % 2 == 0 else 1.0 for i in range(n)]
