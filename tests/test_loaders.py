@@ -1,0 +1,252 @@
+"""Loaders and templates on small local files in each hub data set's real schema and layout.
+
+Run: .venv/bin/python -m pytest tests/test_loaders.py -q   (CPU, no network, a few seconds)
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, so `data.loaders` imports
+from data import loaders  # noqa: E402
+from data.loaders import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, load_problems  # noqa: E402
+
+
+def write_parquet(path: Path, rows: list[dict]):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def write_jsonl(path: Path, rows: list[dict]):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def verl_row(content, ability, ground_truth, index, system=None, source="x"):
+    """A row in the verl/PRIME schema shared by DAPO-Math-17k and Eurus-2-RL-Data."""
+    prompt = [{"content": system, "role": "system"}] if system else []
+    prompt += [{"content": content, "role": "user"}]
+    return {"data_source": source, "prompt": prompt, "ability": ability,
+            "reward_model": {"ground_truth": ground_truth, "style": "rule"}, "extra_info": {"index": index}}
+
+
+# ----------------------------------------------------------------------------- tiny sets
+
+def test_tiny_reads_jsonl_from_data_dir(tmp_path):
+    rows = [{"id": str(i), "task": "math", "problem": f"{i}+1=", "ground_truth": str(i + 1),
+             "source": "tiny-math"} for i in range(3)]
+    write_jsonl(tmp_path / "math_train.jsonl", rows)
+    assert load_problems("tiny-math", "train", data_dir=str(tmp_path)) == rows
+    assert load_problems("tiny-math", "train", data_dir=str(tmp_path), limit=2) == rows[:2]
+
+
+def test_tiny_missing_says_run_prepare(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python data/prepare.py"):
+        load_problems("tiny-code", "test", data_dir=str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- training sets
+
+def test_dapo_dedups_in_order_and_strips_the_instruction(tmp_path):
+    raw = [verl_row(DAPO_PREFIX + p + DAPO_SUFFIX, "MATH", a, f"uuid-{k}", source="math_dapo")
+           for k, (p, a) in enumerate([("What is $1+1$?", "2"), ("Find $x$.", "34"), ("What is $1+1$?", "2"),
+                                       ("Half of one?", "\\frac{1}{2}"), ("Find $x$.", "34")])]
+    write_parquet(tmp_path / "dapo-math-17k" / "data" / "dapo-math-17k.parquet", raw)
+    rows = load_problems("dapo-math-17k", data_dir=str(tmp_path))
+    assert [r["problem"] for r in rows] == ["What is $1+1$?", "Find $x$.", "Half of one?"]
+    assert [r["ground_truth"] for r in rows] == ["2", "34", "\\frac{1}{2}"]
+    assert rows[0] == {"id": "uuid-0", "task": "math", "problem": "What is $1+1$?", "ground_truth": "2",
+                       "source": "dapo-math-17k"}
+    assert len(load_problems("dapo-math-17k", data_dir=str(tmp_path), limit=2)) == 2
+
+
+def test_eurus_keeps_code_rows_and_their_spec(tmp_path):
+    suffix = ("\n\nWrite Python code to solve the problem. Present the code in \n```python\nYour code\n```\n"
+              "at the end.")
+    fn_gt = json.dumps({"fn_name": "minFlips", "inputs": [["001"]], "outputs": [[1]]})
+    raw = [verl_row("Find 1+1.\n\nPresent the answer in LaTex format: \\boxed{Your answer}", "math", "2", 0,
+                    system="actions...", source="numina_olympiads"),
+           verl_row("Flip bits of S." + suffix, "code", fn_gt, 1, system="actions...", source="taco"),
+           verl_row("Print a+b." + suffix, "code", json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}), 2,
+                    source="codecontests")]
+    write_parquet(tmp_path / "eurus-code" / "train.parquet", raw)
+    rows = load_problems("eurus-code", "train", data_dir=str(tmp_path))
+    assert [r["problem"] for r in rows] == ["Flip bits of S.", "Print a+b."]
+    assert json.loads(rows[0]["ground_truth"]) == {"inputs": [["001"]], "outputs": [[1]], "fn_name": "minFlips"}
+    assert json.loads(rows[1]["ground_truth"]) == {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    assert {r["task"] for r in rows} == {"code"} and rows[0]["id"] == "taco-1"
+
+
+# ----------------------------------------------------------------------------- math eval sets
+
+@pytest.mark.parametrize("name, relpath, raw", [
+    ("aime24", "data/train-00000-of-00001.parquet",
+     {"id": 60, "problem": " Find $n$. ", "solution": "...", "answer": "204", "url": "u", "year": "2024"}),
+    ("aime25", "test.jsonl", {"problem": "Find $n$.", "answer": "70", "id": "0"}),
+    ("brumo25", "data/train-00000-of-00001.parquet",
+     {"problem_idx": 1, "problem": "Find $n$.", "answer": "\\frac{1}{2}", "problem_type": ["Algebra"]}),
+    ("smt25", "data/train-00000-of-00001.parquet", {"problem_idx": 3, "problem": "Find $n$.", "answer": 12}),
+])
+def test_math_eval_sets(tmp_path, name, relpath, raw):
+    (write_jsonl if relpath.endswith(".jsonl") else write_parquet)(tmp_path / name / relpath, [raw])
+    [row] = load_problems(name, "test", data_dir=str(tmp_path))
+    assert row["task"] == "math" and row["problem"] == "Find $n$." and row["source"] == name
+    assert row["ground_truth"] == str(raw["answer"]) and row["id"] == str(raw.get("id", raw.get("problem_idx")))
+    with pytest.raises(ValueError, match="splits"):  # no training on the test set by accident
+        load_problems(name, "train", data_dir=str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- code eval sets
+
+def apps_taco_rows():
+    return [{"question": "Add two numbers.", "starter_code": "", "difficulty": "EASY",
+             "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})},
+            {"question": "Reverse a list.", "starter_code": "class Solution:\n    def rev(self, a):\n",
+             "difficulty": "EASY", "input_output": json.dumps({"fn_name": "rev", "inputs": [[[1, 2]]],
+                                                               "outputs": [[[2, 1]]]})},
+            {"question": "No tests here.", "starter_code": "", "difficulty": "EASY", "input_output": ""}]
+
+
+def check_apps_taco(rows):
+    assert len(rows) == 2  # the row without tests is dropped
+    assert json.loads(rows[0]["ground_truth"]) == {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    assert json.loads(rows[1]["ground_truth"]) == {"inputs": [[[1, 2]]], "outputs": [[[2, 1]]],
+                                                   "fn_name": "rev"}
+    assert rows[0]["problem"] == "Add two numbers."
+    assert rows[1]["problem"].startswith("Reverse a list.\n\nStarter code:\n```python\nclass Solution:")
+
+
+def test_taco_arrow_converts_input_output(tmp_path):
+    # the hub copy is `save_to_disk` output: test/data-00000-of-00001.arrow (an Arrow stream)
+    datasets.Dataset.from_list(apps_taco_rows()).save_to_disk(str(tmp_path / "taco" / "test"))
+    rows = load_problems("taco", "test", data_dir=str(tmp_path))
+    check_apps_taco(rows)
+    assert rows[0]["id"] == "0"
+
+
+def test_apps_jsonl_converts_input_output(tmp_path):
+    raw = [dict(r, problem_id=4000 + k, solutions="[]", url="u") for k, r in enumerate(apps_taco_rows())]
+    write_jsonl(tmp_path / "apps" / "test.jsonl", raw)
+    rows = load_problems("apps", "test", data_dir=str(tmp_path))
+    check_apps_taco(rows)
+    assert rows[1]["id"] == "4001"
+
+
+def test_code_contests_merges_public_private_generated(tmp_path):
+    tests = lambda i, o: {"input": i, "output": o}  # noqa: E731
+    raw = [{"name": "1548_E. Painters", "description": "Paint it.", "source": 2, "difficulty": 11,
+            "public_tests": tests(["1\n"], ["2\n"]), "private_tests": tests(["2\n"], ["3\n"]),
+            "generated_tests": tests(["3\n", "4\n"], ["4\n", "5\n"])},
+           {"name": "empty", "description": "No tests.", "source": 2, "difficulty": 7,
+            "public_tests": tests([], []), "private_tests": tests([], []), "generated_tests": tests([], [])}]
+    write_parquet(tmp_path / "codecontests" / "data" / "test-00000-of-00001-9c49eeff30aacaa8.parquet", raw)
+    [row] = load_problems("codecontests", "test", data_dir=str(tmp_path))
+    assert row["id"] == "1548_E. Painters" and row["problem"] == "Paint it."
+    assert json.loads(row["ground_truth"]) == {"inputs": ["1\n", "2\n", "3\n", "4\n"],
+                                               "outputs": ["2\n", "3\n", "4\n", "5\n"]}
+
+
+def test_codeforces_keeps_judgeable_stdio_problems(tmp_path):
+    base = {"title": "A. Sum", "description": "Add.", "input_format": "Two ints.", "output_format": "One int.",
+            "interaction_format": None, "note": "Easy.", "examples": [{"input": "1 2\n", "output": "3\n"}],
+            "official_tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}],
+            "generated_checker": None, "input_mode": "stdio", "executable": True, "rating": 800}
+    raw = [dict(base, id="1A"), dict(base, id="2B", interaction_format="Interact."),
+           dict(base, id="3C", generated_checker="def check(): ..."), dict(base, id="4D", input_mode="file")]
+    write_parquet(tmp_path / "codeforces" / "data" / "test-00000-of-00001.parquet", raw)
+    [row] = load_problems("codeforces", "test", data_dir=str(tmp_path))
+    assert row["id"] == "1A" and row["problem"].startswith("A. Sum\n\nAdd.\n\nInput\nTwo ints.")
+    assert "Example input:\n1 2\n" in row["problem"] and row["problem"].endswith("Note\nEasy.")
+    assert json.loads(row["ground_truth"]) == {"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}
+
+
+# ----------------------------------------------------------------------------- failures
+
+def test_missing_set_offline_names_the_fetch_command_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.time()
+    with pytest.raises(FileNotFoundError) as e:
+        load_problems("dapo-math-17k", data_dir=str(tmp_path))
+    assert time.time() - t0 < 10
+    msg = str(e.value)
+    assert "BytedTsinghua-SIA/DAPO-Math-17k" in msg and "dapo-math-17k" in msg
+    assert "hf download BytedTsinghua-SIA/DAPO-Math-17k --repo-type dataset" in msg and "--data_dir" in msg
+
+
+def test_missing_set_hub_failure_becomes_file_not_found(tmp_path, monkeypatch):
+    # a failing hub (no network here, or a 404) must surface as the same actionable error
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+
+    def no_hub(*args, **kwargs):
+        raise ConnectionError("Couldn't reach the Hub")
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    with pytest.raises(FileNotFoundError, match="hf download BAAI/TACO --repo-type dataset --include 'test/"):
+        load_problems("taco", "test", data_dir=str(tmp_path))
+
+
+def test_local_folder_without_matching_files(tmp_path):
+    (tmp_path / "aime25").mkdir()
+    with pytest.raises(FileNotFoundError, match="test.jsonl"):
+        load_problems("aime25", "test", data_dir=str(tmp_path))
+
+
+def test_unknown_name_lists_accepted_names():
+    with pytest.raises(ValueError, match="dapo-math-17k.*apps"):
+        load_problems("gsm8k")
+
+
+# ----------------------------------------------------------------------------- templates
+
+MATH = {"id": "0", "task": "math", "problem": "What is $\\{1\\}$?", "ground_truth": "1", "source": "t"}
+CODE = {"id": "1", "task": "code", "problem": "Print 3.", "source": "t",
+        "ground_truth": json.dumps({"inputs": [""], "outputs": ["3"]})}
+CALL = dict(CODE, ground_truth=json.dumps({"inputs": [[1]], "outputs": [2], "fn_name": "inc"}))
+
+
+def test_plain_and_dapo_templates():
+    assert format_prompt(MATH, "plain") == MATH["problem"]
+    assert format_prompt(MATH, "dapo") == (
+        "Solve the following math problem step by step. The last line of your response should be of the form "
+        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is $\\{1\\}$?\n\n"
+        "Remember to put your answer on its own line after \"Answer:\".")
+    with pytest.raises(ValueError, match="math"):
+        format_prompt(CODE, "dapo")
+
+
+def test_code_template_stdin_or_function():
+    stdin, call = format_prompt(CODE, "code"), format_prompt(CALL, "code")
+    assert stdin.startswith("Print 3.\n\n") and "standard input" in stdin and "```python" in stdin
+    assert "`inc`" in call and "standard input" not in call
+    with pytest.raises(ValueError, match="code"):
+        format_prompt(MATH, "code")
+
+
+def test_unknown_template_and_chat_without_tokenizer():
+    with pytest.raises(ValueError, match="'fancy'.*plain, dapo, code, chat"):
+        format_prompt(MATH, "fancy")
+    with pytest.raises(ValueError, match="tokenizer"):
+        format_prompt(MATH, "chat")
+
+
+def test_chat_template_with_a_real_local_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    for row, base in ((MATH, "dapo"), (CALL, "code")):  # the base instruction, wrapped as one user turn
+        assert format_prompt(row, "chat", tokenizer) == f"<|user|>{format_prompt(row, base)}<|end|><|assistant|>"
+
+
+def test_every_registered_set_has_a_split_and_a_known_builder():
+    for name, hub in loaders.HUB.items():
+        assert hub.files and hub.fmt in ("parquet", "json", "arrow") and hub.task in ("math", "code"), name
