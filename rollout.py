@@ -4,7 +4,7 @@ Rollouts: sample groups of completions with vLLM, and keep the engine's weights 
     from rollout import make_engine
     engine = make_engine("data/tiny/model", backend="vllm", max_model_len=256, seed=0)
     batch = engine.generate(prompt_ids, n=8, max_tokens=32)   # G samples per prompt
-    engine.sync_weights(model)                                 # after every iteration's updates
+    engine.sync_weights(model.state_dict().items())            # after every iteration's updates
 
 Choices:
 1. vLLM's `LLM` lives in the training process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights

@@ -7,7 +7,7 @@
 #   DIVERGENCE: tv chi2 kl hellinger js      ESTIMATOR: mc atomic binary
 #
 # Embedded default (2-core CPU, no GPU, no hub): builds data/tiny on first use (~3 min), trains
-# 40 iterations of 32 prompts x 8 completions with 8 updates each, then scores avg@8 on the
+# 60 iterations of 64 prompts x 8 completions with 8 updates each, then scores avg@8 on the
 # held-out tiny-math and tiny-code problems, before (warm start) and after. See README for the
 # measured time. Extra flags go to train.py (python train.py -h lists them all).
 set -euo pipefail

@@ -53,9 +53,9 @@ g.add_argument("--dual_clip", default="10", help="no gradient for A<0 tokens wit
 g.add_argument("--agg", default="token-mean", help="token-mean, seq-mean-token-mean, seq-mean-token-sum")
 g = p.add_argument_group("rollout")
 g.add_argument("--backend", default="vllm", help="vllm, or hf (transformers.generate fallback)")
-g.add_argument("--prompts_per_iter", type=int, default=32, help="P: prompts sampled per iteration (all ranks)")
+g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts sampled per iteration (all ranks)")
 g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
-g.add_argument("--max_new_tokens", type=int, default=32, help="max response length, tokens")
+g.add_argument("--max_new_tokens", type=int, default=16, help="max response length, tokens")
 g.add_argument("--max_model_len", type=int, default=256, help="vLLM context length, tokens")
 g.add_argument("--mu_source", default="recompute", help="recompute (trainer, default) or vllm")
 g.add_argument("--kv_cache_gib", type=int, default=1, help="vLLM CPU KV cache, GiB")
@@ -63,10 +63,10 @@ g.add_argument("--gpu_memory_utilization", type=float, default=0.4, help="vLLM s
 g.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM tensor parallel size")
 g.add_argument("--sleep_mode", action="store_true", help="free vLLM's KV cache while training (GPU)")
 g = p.add_argument_group("optimisation")
-g.add_argument("--iters", type=int, default=40, help="RL iterations")
-g.add_argument("--prompts_per_update", type=int, default=4, help="M: prompts per mini-batch; P/M updates per iteration")
+g.add_argument("--iters", type=int, default=60, help="RL iterations")
+g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per mini-batch; P/M updates per iteration")
 g.add_argument("--micro_batch_size", type=int, default=64, help="sequences per forward/backward")
-g.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (constant)")
+g.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (constant)")
 g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
 g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
 g.add_argument("--logp_chunk", type=int, default=4096, help="tokens per log-softmax chunk")
@@ -250,7 +250,9 @@ def main():
         t = time.time()
         prompt_order = random.Random(args.seed * 7919 + it).sample(range(per_rank), per_rank)
         per_update = args.prompts_per_update // world
-        acc = {k: [] for k in gppo.STATS + ("entropy", "grad_norm")}
+        # token-weighted sums over the iteration (ratio_max a max), so micro-batching does not
+        # change what is logged
+        acc, n_tok, grad_norms = {k: 0.0 for k in gppo.STATS + ("entropy",)}, 0.0, []
         for u in range(updates_per_iter):
             prompts_u = prompt_order[u * per_update:(u + 1) * per_update]
             samples = [q * G + j for q in prompts_u for j in range(G)]
@@ -268,11 +270,13 @@ def main():
                 # DDP averages gradients over ranks, so scale by world to keep the global mean
                 loss, st = policy_loss(lp, old_lp, adv[idx].to(dev), m, count / world)
                 accelerator.backward(loss)
+                w = m.sum().item()
                 for k in gppo.STATS:
-                    acc[k].append(st[k])
-                acc["entropy"].append((ent * m).sum().item() / max(m.sum().item(), 1))
+                    acc[k] = max(acc[k], st[k]) if k == "ratio_max" else acc[k] + st[k] * w
+                acc["entropy"] += (ent * m).sum().item()
+                n_tok += w
             gn = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-            acc["grad_norm"].append(float(gn))
+            grad_norms.append(float(gn))
             opt.step()
             opt.zero_grad(set_to_none=True)
         time_update = time.time() - t
@@ -291,7 +295,8 @@ def main():
                    solve_rate=(rewards_all.view(-1, G).max(1).values > 0).float().mean().item(),
                    response_len=lens_all.mean().item(), truncated_frac=trunc.mean().item(),
                    lr=opt.param_groups[0]["lr"], logp_gap_vllm=gap_all.mean().item() if len(gap_all) else 0.0,
-                   **{k: float(np.mean(v)) for k, v in acc.items()},
+                   **{k: v if k == "ratio_max" else v / max(n_tok, 1.0) for k, v in acc.items()},
+                   grad_norm=float(np.mean(grad_norms)),
                    time_rollout_s=time_rollout, time_reward_s=time_reward, time_logp_s=time_logp,
                    time_update_s=time_update, time_sync_s=time_sync)
         row["time_iter_s"] = time.time() - t_iter
