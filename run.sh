@@ -4,6 +4,7 @@
 #   bash run.sh DIVERGENCE ESTIMATOR [--flag=value ...]   e.g. bash run.sh kl atomic --lr=1e-4
 #   bash run.sh METHOD [--flag=value ...]                 grpo ppo dapo dppo ripo (cells)
 #                                                         gspo gmpo sapo cispo clip_cov (baselines)
+#   bash run.sh sweep [--flag=value ...]                  every cell and baseline, 3 seeds (bench/sweep.py)
 #   DIVERGENCE: tv chi2 kl hellinger js      ESTIMATOR: mc atomic binary
 #
 # Embedded default (2-core CPU, no GPU, no hub): builds data/tiny on first use (~3 min), trains
@@ -16,6 +17,7 @@ PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "no $PY: run 'bash setup.sh' first (or set PY=python)"; exit 1; }
 usage() { sed -n '2,13p' "$0"; exit 2; }
 [ $# -ge 1 ] || usage
+[ "$1" = sweep ] && { shift; exec "$PY" bench/sweep.py "$@"; }   # the grid x seeds, resumable
 DIVERGENCES="tv chi2 kl hellinger js"; ESTIMATORS="mc atomic binary"
 OBJ=(--objective gppo)
 case "$1" in
