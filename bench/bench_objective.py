@@ -1,0 +1,106 @@
+"""
+Cost of the objective: gppo.gppo_loss forward + backward per cell against a plain PPO clip loss.
+
+    python bench/bench_objective.py                          # 1024 x 1024 = 1M tokens, 12 cells + js + baselines
+    python bench/bench_objective.py --shape 4096x256 --reps 9 --threads 2
+
+What it measures: seconds for loss(logp, old_logp, adv, mask) plus loss.backward() into logp, on
+(B, T) float32 tensors, for each {tv, chi2, kl, hellinger} x {mc, atomic, binary} cell at its default
+delta and the trainer's defaults (ratio_bounds 0.5,10, dual clip 10, token-mean), then js x 3 and the
+baselines of gppo.BASELINES as extra rows, each against plain PPO clip written here (below).
+1. Inputs look like a rollout: mu = exp(old_logp) mostly near 1 with a tail of rare tokens
+   (old_logp = log U^4, U uniform), log r ~ N(0, 0.1^2) so a few percent of tokens leave the
+   regions, one advantage per sequence (+-1 and 0), sequence lengths uniform in [T/4, T].
+2. Plain PPO clip and the row's loss are timed alternately, rep by rep, after `--warmup` untimed
+   passes of each, and the ratio is of the two medians: a machine that is busier in one moment than
+   the next slows both sides of a pair alike.
+3. gppo_loss's cost includes what the trainer pays for with it: |D(r)| in float64 (gppo.py choice 5)
+   and its stats dict (one device-to-host copy). Plain PPO computes only the loss.
+4. One torch thread count for all rows (`--threads`, 0 = torch's default), in one process.
+"""
+import argparse, json, os, statistics, sys, time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gppo  # noqa: E402
+
+p = argparse.ArgumentParser(description="gppo_loss forward+backward time per cell vs plain PPO clip")
+p.add_argument("--shape", default="1024x1024", help="BxT tokens per loss call")
+p.add_argument("--reps", type=int, default=7, help="timed passes per row (and as many of plain PPO)")
+p.add_argument("--warmup", type=int, default=2, help="untimed passes per row first")
+p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+p.add_argument("--eps", type=float, default=0.2, help="plain PPO clip epsilon")
+p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+p.add_argument("--out", default="", help="also write the JSON result here")
+args = p.parse_args()
+if args.threads:
+    torch.set_num_threads(args.threads)
+B, T = map(int, args.shape.lower().split("x"))
+
+
+def ppo_clip_loss(logp, old_logp, adv, mask, eps=args.eps):
+    """Plain PPO clip, token-mean: the reference every row is compared with."""
+    ratio = torch.exp(logp - old_logp)                                       # (B, T)
+    a = adv[:, None]
+    per_token = torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps, 1 + eps))
+    return (per_token * mask).sum() / mask.sum(), {}
+
+
+def inputs():
+    g = torch.Generator().manual_seed(args.seed)
+    old = (torch.rand(B, T, generator=g).clamp(min=1e-6) ** 4).log()                    # (B, T) log mu
+    logp = (old + 0.1 * torch.randn(B, T, generator=g)).clamp(max=0)                    # (B, T) log pi
+    adv = torch.randint(-1, 2, (B,), generator=g).float()                               # (B,)
+    lens = torch.randint(T // 4, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lens[:, None]).float()                              # (B, T)
+    return logp, old, adv, mask
+
+
+def once(fn, logp, old, adv, mask):
+    x = logp.detach().requires_grad_()
+    t = time.perf_counter()
+    loss, _ = fn(x, old, adv, mask)
+    loss.backward()
+    return time.perf_counter() - t
+
+
+def main():
+    logp, old, adv, mask = inputs()
+    rows = [(f"{d}-{e}", (lambda d, e: lambda *a: gppo.gppo_loss(*a, d, e))(d, e))
+            for d in ("tv", "chi2", "kl", "hellinger") for e in ("mc", "atomic", "binary")]
+    rows += [(f"js-{e}", (lambda e: lambda *a: gppo.gppo_loss(*a, "js", e))(e)) for e in ("mc", "atomic", "binary")]
+    rows += [(name, fn) for name, fn in gppo.BASELINES.items()]
+    config = dict(shape=f"{B}x{T}", tokens=B * T, valid_tokens=int(mask.sum()), reps=args.reps, warmup=args.warmup,
+                  threads=torch.get_num_threads(), torch=torch.__version__, dtype="float32",
+                  cores=len(os.sched_getaffinity(0)), load_avg_start=os.getloadavg()[0])
+    print("config:", json.dumps(config), flush=True)
+    print(f"\n{'row':<18}{'ms':>9}{'PPO ms':>9}{'ratio':>8}  clip_frac")
+    out = {}
+    for name, fn in rows:
+        for _ in range(args.warmup):
+            once(ppo_clip_loss, logp, old, adv, mask); once(fn, logp, old, adv, mask)
+        ts, ps = [], []
+        for _ in range(args.reps):                                            # choice 2: alternate
+            ps.append(once(ppo_clip_loss, logp, old, adv, mask))
+            ts.append(once(fn, logp, old, adv, mask))
+        _, st = fn(logp, old, adv, mask)
+        t, pt = statistics.median(ts), statistics.median(ps)
+        out[name] = dict(ms=1e3 * t, ppo_ms=1e3 * pt, ratio=t / pt, clip_frac=st.get("clip_frac"),
+                         grid=name.split("-")[0] in ("tv", "chi2", "kl", "hellinger"))
+        print(f"{name:<18}{1e3 * t:9.1f}{1e3 * pt:9.1f}{t / pt:8.2f}  {st.get('clip_frac', 0):.4f}", flush=True)
+    grid = [v["ratio"] for v in out.values() if v["grid"]]
+    summary = dict(grid_ratio_max=max(grid), grid_ratio_median=statistics.median(grid),
+                   grid_cells_within_1_5x=sum(r <= 1.5 for r in grid), grid_cells=len(grid))
+    print(f"\n12 grid cells: ratio median {summary['grid_ratio_median']:.2f}, max {summary['grid_ratio_max']:.2f}, "
+          f"{summary['grid_cells_within_1_5x']}/12 within 1.5x of plain PPO clip")
+    line = json.dumps(dict(bench="objective", config=config, rows=out, summary=summary,
+                           load_avg_end=os.getloadavg()[0]))
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
