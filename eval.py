@@ -57,7 +57,7 @@ def main():
     p.add_argument("--data_dir", default=None, help="folder with local copies of hub data sets")
     p.add_argument("--template", default="plain", help="prompt template: plain, dapo, code, chat")
     p.add_argument("--k", type=int, default=8, help="samples per problem")
-    p.add_argument("--max_new_tokens", type=int, default=16, help="max response length, tokens")
+    p.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
     p.add_argument("--max_model_len", type=int, default=256, help="vLLM context length")
     p.add_argument("--backend", default="vllm", help="vllm, or hf (fallback)")
     p.add_argument("--seed", type=int, default=1234, help="sampling seed")

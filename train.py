@@ -38,8 +38,9 @@ from rollout import make_engine
 p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@")
 g = p.add_argument_group("model and data")
 g.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder or hub name")
-g.add_argument("--train_data", default="tiny-math", help="comma-separated data set names (data/loaders.py)")
+g.add_argument("--train_data", default="tiny-math,tiny-code", help="comma-separated data set names (data/loaders.py)")
 g.add_argument("--eval_data", default="", help="held-out sets scored at the end, e.g. tiny-math,tiny-code")
+g.add_argument("--train_mix", default="balanced", help="balanced (equal share of each data set per iteration) or proportional")
 g.add_argument("--data_dir", default=None, help="folder holding local copies of hub data sets")
 g.add_argument("--template", default="plain", help="prompt template: plain, dapo, code, chat")
 g.add_argument("--out_dir", default="", help="run folder (default out/<cell>-seed<seed>)")
@@ -55,7 +56,7 @@ g = p.add_argument_group("rollout")
 g.add_argument("--backend", default="vllm", help="vllm, or hf (transformers.generate fallback)")
 g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts sampled per iteration (all ranks)")
 g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
-g.add_argument("--max_new_tokens", type=int, default=16, help="max response length, tokens")
+g.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
 g.add_argument("--max_model_len", type=int, default=256, help="vLLM context length, tokens")
 g.add_argument("--mu_source", default="recompute", help="recompute (trainer, default) or vllm")
 g.add_argument("--kv_cache_gib", type=int, default=1, help="vLLM CPU KV cache, GiB")
@@ -92,6 +93,7 @@ elif args.objective in gppo.BASELINES:
 else:
     raise ValueError(f"--objective={args.objective!r}; accepted: gppo, {', '.join(gppo.BASELINES)}")
 for flag, value, accepted in [("--mu_source", args.mu_source, ("recompute", "vllm")),
+                              ("--train_mix", args.train_mix, ("balanced", "proportional")),
                               ("--backend", args.backend, ("vllm", "hf"))]:
     if value not in accepted:
         raise ValueError(f"{flag}={value!r}; accepted: {', '.join(accepted)}")
@@ -161,6 +163,39 @@ def collate(batch, idx, pad_id, device, per_token=None):
     return ids.to(device), attn.to(device), resp.to(device), values.to(device)
 
 
+class PromptSampler:
+    """Which prompts each iteration trains on: shuffled epochs without replacement over each data
+    set (`--train_mix balanced`: every iteration takes an equal share of each) or over their union
+    (`proportional`). Deterministic in (seed, iteration), identical on every rank, and its whole
+    state is two small lists (saved in checkpoints)."""
+
+    def __init__(self, rows, mix, seed):
+        keys = [r["source"] for r in rows] if mix == "balanced" else ["all"] * len(rows)
+        self.pools = [[i for i, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)]
+        self.seed, self.epoch, self.pos = seed, [0] * len(self.pools), [0] * len(self.pools)
+
+    def _order(self, p):
+        return random.Random(self.seed * 1009 + p * 101 + self.epoch[p]).sample(self.pools[p], len(self.pools[p]))
+
+    def take(self, n, it):
+        shares = [n // len(self.pools) + (p < n % len(self.pools)) for p in range(len(self.pools))]
+        out = []
+        for p, k in enumerate(shares):
+            if k > len(self.pools[p]):
+                raise ValueError(f"--prompts_per_iter={n} asks {k} prompts of a data set with {len(self.pools[p])}")
+            if self.pos[p] + k > len(self.pools[p]):     # next epoch, reshuffled
+                self.epoch[p], self.pos[p] = self.epoch[p] + 1, 0
+            out += self._order(p)[self.pos[p]:self.pos[p] + k]
+            self.pos[p] += k
+        return random.Random(self.seed * 7 + it).sample(out, len(out))   # mix the data sets
+
+    def state_dict(self):
+        return {"epoch": list(self.epoch), "pos": list(self.pos)}
+
+    def load_state_dict(self, state):
+        self.epoch, self.pos = list(state["epoch"]), list(state["pos"])
+
+
 def policy_loss(logp, old_logp, adv, mask, global_count):
     if args.objective == "gppo":
         return gppo.gppo_loss(logp, old_logp, adv, mask, args.divergence, args.estimator,
@@ -206,16 +241,14 @@ def main():
         import wandb
         wandb.init(project=args.wandb, name=os.path.basename(out_dir), config=vars(args))
     metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "a" if master else os.devnull)
-    order, pos, history = random.Random(args.seed).sample(range(len(rows)), len(rows)), 0, []
+    sampler, history = PromptSampler(rows, args.train_mix, args.seed), []
     per_rank, G, dev = args.prompts_per_iter // world, args.group_size, accelerator.device
 
     for it in range(1, args.iters + 1):
         t_iter = time.time()
         # -- 1. rollout: this rank's share of the iteration's prompts (whole groups) --
-        if pos + args.prompts_per_iter > len(order):       # next epoch, reshuffled
-            order, pos = random.Random(args.seed + it).sample(range(len(rows)), len(rows)), 0
-        take = [rows[i] for i in order[pos + rank * per_rank: pos + (rank + 1) * per_rank]]
-        pos += args.prompts_per_iter
+        chosen = sampler.take(args.prompts_per_iter, it)
+        take = [rows[i] for i in chosen[rank * per_rank:(rank + 1) * per_rank]]
         engine.wake_up()
         t = time.time()
         batch = engine.generate([r["prompt_ids"] for r in take], n=G, max_tokens=args.max_new_tokens,

@@ -7,17 +7,19 @@ Build the embedded default: synthetic tasks, a character tokenizer and a tiny wa
 Everything the CPU default needs is made here from a seed, so nothing is downloaded:
 1. Two verifiable tasks with disjoint train / held-out ("test") splits, in the row schema of
    data/loaders.py ({"id", "task", "problem", "ground_truth", "source"}):
-   - math: small expressions ("max(37, 5, 81) = ?") answered as \\boxed{81}, checked by
-     math-verify;
-   - code: infer a linear function from two values ("f(0)=3, f(1)=5") and write it as a Python
-     function in a fenced block, checked by running hidden tests in the sandbox of reward.py.
+   - math: the max or min of three distinct digits ("max(3, 7, 1) = ?") answered as \\boxed{7},
+     checked by math-verify (1,440 problems, 200 held out);
+   - code: write "f(x) = 3x-4" as a Python function in a fenced block, checked by running hidden
+     tests in the sandbox of reward.py (171 problems, 34 held out).
 2. A character-level tokenizer built with `tokenizers` (byte-level BPE without merges, Qwen's
    format) and saved through `PreTrainedTokenizerFast`, so vLLM and transformers load it like
    any hub tokenizer.
 3. A tiny Qwen2-architecture causal LM (about 0.7M parameters) saved with `save_pretrained`.
-4. A short supervised warm start on train-split solutions, stopped once one sample at
-   temperature 1 solves `--target` (30%) of validation problems: the starting policy solves a
-   useful fraction of held-out problems, so that RL has room to show its effect.
+4. A supervised warm start that imitates a *noisy demonstrator*: it writes each answer
+   character right with probability q (--q_math, --q_code) and otherwise a random one of the
+   same kind. Stopped once greedy decoding solves --target of validation problems, the policy
+   knows the skill (the right answer is its mode) but one sample at temperature 1 is right only
+   about 20-35% of the time: room for RL to show its effect by sharpening, not by teaching.
 """
 import argparse
 import json
@@ -37,54 +39,60 @@ EOS = "<|endoftext|>"
 # ----------------------------------------------------------------------------------------------
 # tasks
 
-def math_problem(rng):
-    """The max or min of three numbers below 100.
-
-    (One-digit sums were tried too: with only 100 of them, held-out sums share no problem with
-    the train split and the warm start never learns them, so they only diluted the signal.)
-    """
-    kind = rng.choice(["max", "min"])
-    xs = [rng.randint(0, 99) for _ in range(3)]
-    return f"{kind}({xs[0]}, {xs[1]}, {xs[2]}) = ?\n", str(max(xs) if kind == "max" else min(xs))
+def math_problems():
+    """Every "max(a, b, c) = ?" and "min(a, b, c) = ?" over three distinct digits: 1,440 problems."""
+    digits = range(10)
+    out = []
+    for kind, fn in (("max", max), ("min", min)):
+        for a in digits:
+            for b in digits:
+                for c in digits:
+                    if len({a, b, c}) == 3:
+                        out.append((f"{kind}({a}, {b}, {c}) = ?\n", str(fn(a, b, c))))
+    return out
 
 
 def math_solution(answer):
     return f"\\boxed{{{answer}}}"
 
 
-def code_problem(a, b):
-    """Infer f(x) = a*x + b from f(0) and f(1); hidden call-based tests at other points."""
-    problem = f"f(0)={b}, f(1)={a + b}. Write f.\n"
-    xs = [-7, 3, 11, 25]
-    tests = {"fn_name": "f", "inputs": [[x] for x in xs], "outputs": [a * x + b for x in xs]}
-    return problem, json.dumps(tests)
+def code_problems():
+    """Write f(x) = a*x + b, stated in the prompt, as a Python function: 171 problems.
+
+    The reward runs hidden call-based tests at points the prompt does not show.
+    """
+    out = []
+    for a in range(1, 10):
+        for b in range(-9, 10):
+            xs = [-7, 3, 11, 25]
+            tests = {"fn_name": "f", "inputs": [[x] for x in xs], "outputs": [a * x + b for x in xs]}
+            out.append((f"f(x) = {a}x{b:+d}. Write f.\n", json.dumps(tests), (a, b)))
+    return out
 
 
 def code_solution(a, b):
     return f"```python\ndef f(x):\n    return {a}*x{b:+d}\n```"
 
 
-def make_tasks(seed, n_math_train, n_math_test):
-    """Rows for both tasks; held-out problems never appear in train."""
+def make_tasks(seed, n_math_train, n_math_test, n_code_test):
+    """Rows for both tasks, shuffled from a seed; held-out problems never appear in train."""
     rng = random.Random(seed)
-    rows = {"math": {"train": [], "test": []}, "code": {"train": [], "test": []}}
-    seen = set()
-    while len(rows["math"]["test"]) < n_math_test or len(rows["math"]["train"]) < n_math_train:
-        problem, answer = math_problem(rng)
-        if problem in seen:
-            continue
-        seen.add(problem)
-        split = "test" if len(rows["math"]["test"]) < n_math_test else "train"
-        rows["math"][split].append({"problem": problem, "ground_truth": answer,
-                                    "solution": math_solution(answer)})
-    pairs = [(a, b) for a in range(1, 10) for b in range(0, 10)]
-    rng.shuffle(pairs)
-    n_code_test = len(pairs) // 5                         # 18 held-out functions, 72 train
-    for i, (a, b) in enumerate(pairs):
-        problem, tests = code_problem(a, b)
-        split = "test" if i < n_code_test else "train"
-        rows["code"][split].append({"problem": problem, "ground_truth": tests,
-                                    "solution": code_solution(a, b)})
+    rows = {"math": {}, "code": {}}
+    math = math_problems()
+    rng.shuffle(math)
+    if n_math_test + n_math_train > len(math):
+        raise ValueError(f"--n_math_train {n_math_train} + --n_math_test {n_math_test} exceeds the "
+                         f"{len(math)} distinct math problems")
+    rows["math"]["test"] = [{"problem": p, "ground_truth": a, "solution": math_solution(a)}
+                            for p, a in math[:n_math_test]]
+    rows["math"]["train"] = [{"problem": p, "ground_truth": a, "solution": math_solution(a)}
+                             for p, a in math[n_math_test:n_math_test + n_math_train]]
+    code = code_problems()
+    rng.shuffle(code)
+    rows["code"]["test"] = [{"problem": p, "ground_truth": t, "solution": code_solution(*ab)}
+                            for p, t, ab in code[:n_code_test]]
+    rows["code"]["train"] = [{"problem": p, "ground_truth": t, "solution": code_solution(*ab)}
+                             for p, t, ab in code[n_code_test:]]
     for task, splits in rows.items():
         for split, items in splits.items():
             for i, row in enumerate(items):
@@ -137,20 +145,46 @@ def collate(pairs, pad_id):
 
 
 def sft_batch(rows, tok, rng, batch_size):
-    """Prompt + solution + EOS, loss on the solution tokens only; 30% code, 70% math."""
-    pairs = []
+    """Prompt + reference solution + EOS for random train problems, 30% code and 70% math."""
+    pairs, tasks = [], []
     for _ in range(batch_size):
-        row = rng.choice(rows["code" if rng.random() < 0.3 else "math"]["train"])
-        pairs.append((tok(row["problem"])["input_ids"],
-                      tok(row["solution"])["input_ids"] + [tok.eos_token_id]))
-    return collate(pairs, tok.pad_token_id)
+        task = "code" if rng.random() < 0.3 else "math"
+        row = rng.choice(rows[task]["train"])
+        pairs.append((tok(row["problem"])["input_ids"], tok(row["solution"])["input_ids"] + [tok.eos_token_id]))
+        tasks.append(task)
+    return collate(pairs, tok.pad_token_id) + (tasks,)
+
+
+def noisy_demonstrator_loss(logits, labels, keep, char_sets):
+    """Cross-entropy against a demonstrator that writes each answer character right with
+    probability `keep` and otherwise a uniformly random character of its kind (a digit for a
+    digit, a sign for a sign); every other character of the solution is always right.
+
+    This is the demonstrator's *expected* loss, i.e. label smoothing restricted to the answer
+    characters: target = keep * onehot(y) + (1 - keep) * uniform(kind of y). Sampling the noise
+    instead makes the model memorise per-problem wrong answers and lose the skill (tried).
+    logits (B, T, V) and labels (B, T) are already shifted; keep (B,) per row.
+    """
+    logp = logits.float().log_softmax(-1)
+    valid = labels >= 0
+    y = labels.clamp(min=0)
+    nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    loss = nll.clone()
+    for ids in char_sets:                                  # e.g. the ten digits, then + and -
+        ids = torch.tensor(ids)
+        is_kind = torch.isin(y, ids) & valid
+        uniform_nll = -logp[..., ids].mean(-1)
+        k = keep[:, None].expand_as(nll)
+        loss = torch.where(is_kind, k * nll + (1 - k) * uniform_nll, loss)
+    return (loss * valid).sum() / valid.sum()
 
 
 @torch.no_grad()
-def solve_prob(model, items, tok):
-    """Mean probability that one sample at temperature 1 is exactly the reference solution."""
+def solve_stats(model, items, tok):
+    """(mean probability that one sample at temperature 1 is exactly the reference solution,
+    fraction of problems whose greedy decoding is the reference solution)."""
     model.eval()
-    total = 0.0
+    prob, greedy = 0.0, 0
     for i in range(0, len(items), 100):
         chunk = items[i:i + 100]
         ids, labels, attn = collate([(tok(r["problem"])["input_ids"], tok(r["solution"])["input_ids"]
@@ -158,58 +192,74 @@ def solve_prob(model, items, tok):
         logp = model(input_ids=ids, attention_mask=attn).logits[:, :-1].log_softmax(-1)
         y = labels[:, 1:]
         tok_lp = logp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (y >= 0)
-        total += tok_lp.sum(1).exp().sum().item()
+        prob += tok_lp.sum(1).exp().sum().item()
+        # teacher-forced argmax equals every reference token <=> greedy decoding writes it
+        greedy += ((logp.argmax(-1) == y) | (y < 0)).all(1).sum().item()
     model.train()
-    return total / len(items)
+    return prob / len(items), greedy / len(items)
 
 
 def warm_start(model, rows, tok, args):
-    """A short supervised pass so the starting policy is partly right (see docstring, item 4).
+    """Supervised training on the noisy demonstrator (the docstring's item 4).
 
-    It stops as soon as one sample solves `target` of the *validation* math problems on average
-    (a slice of the train split; the held-out test split is never looked at), so the starting
-    accuracy does not depend on how fast this machine is or on small changes to the tasks.
+    It stops once greedy decoding is right on `target` of the validation problems of both tasks
+    (slices of the train split; the held-out test split is never looked at), so the starting
+    point does not depend on this machine's speed: the skill is learned and the correct answer
+    is the policy's mode, while one sample at temperature 1 is right only about as often as the
+    demonstrator (math: q_math + (1 - q_math) / 10).
     """
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     # linear warm-up then constant: without it the loss spikes early at this learning rate
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
     rng = random.Random(args.seed + 1)
-    val = rows["math"]["train"][:args.n_val]
-    train = {task: {"train": s["train"][args.n_val:] if task == "math" else s["train"]}
-             for task, s in rows.items()}
+    val = {task: s["train"][:args.n_val] for task, s in rows.items()}
+    train = {task: {"train": s["train"][args.n_val:]} for task, s in rows.items()}
+    char_sets = [tok.convert_tokens_to_ids(list("0123456789")), tok.convert_tokens_to_ids(list("+-"))]
+    keep_of = {"math": args.q_math, "code": args.q_code}
     model.train()
-    t0, solved = time.time(), 0.0
+    t0, report = time.time(), {}
     for step in range(1, args.steps + 1):
-        ids, labels, attn = sft_batch(train, tok, rng, args.batch_size)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        ids, labels, attn, tasks = sft_batch(train, tok, rng, args.batch_size)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        keep = torch.tensor([keep_of[t] for t in tasks])
+        loss = noisy_demonstrator_loss(logits, labels[:, 1:], keep, char_sets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 25 == 0 or step == args.steps:
-            solved = solve_prob(model, val, tok)
-            print(f"warm start step {step}/{args.steps} | loss {loss.item():.3f} | "
-                  f"val solve {solved:.3f} | {time.time() - t0:.0f}s", flush=True)
-            if solved >= args.target:
+        if step % args.eval_every == 0 or step == args.steps:
+            report = {task: solve_stats(model, items, tok) for task, items in val.items()}
+            print(f"warm start step {step}/{args.steps} | loss {loss.item():.3f} | val " + " | ".join(
+                f"{t} sample {p:.3f} greedy {g:.3f}" for t, (p, g) in report.items())
+                + f" | {time.time() - t0:.0f}s", flush=True)
+            if all(g >= args.target for _, g in report.values()):
                 break
-    return {"steps": step, "final_loss": loss.item(), "val_solve": solved, "seconds": time.time() - t0}
+    return {"steps": step, "final_loss": loss.item(), "seconds": time.time() - t0,
+            "val": {t: {"sample_solve": p, "greedy_solve": g} for t, (p, g) in report.items()}}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "tiny"), help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed for tasks and model init")
-    p.add_argument("--n_math_train", type=int, default=20000, help="math train problems")
+    p.add_argument("--n_math_train", type=int, default=1240, help="math train problems (incl. validation)")
     p.add_argument("--n_math_test", type=int, default=200, help="held-out math problems")
+    p.add_argument("--n_code_test", type=int, default=34, help="held-out code problems (of 171)")
+    p.add_argument("--q_math", type=float, default=0.25,
+                   help="how often the demonstrator writes each math answer character right")
+    p.add_argument("--q_code", type=float, default=0.6,
+                   help="how often the demonstrator writes each code coefficient character right")
     p.add_argument("--hidden", type=int, default=128, help="model width")
     p.add_argument("--layers", type=int, default=4, help="transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads")
     p.add_argument("--steps", type=int, default=1500, help="warm-start optimizer steps at most")
-    p.add_argument("--target", type=float, default=0.3, help="stop once validation solve rate reaches this")
-    p.add_argument("--n_val", type=int, default=200, help="math train problems held for validation")
+    p.add_argument("--target", type=float, default=0.9,
+                   help="stop once greedy decoding solves this fraction of validation problems")
+    p.add_argument("--n_val", type=int, default=40, help="train problems per task held for validation")
     p.add_argument("--batch_size", type=int, default=64, help="warm-start sequences per step")
     p.add_argument("--lr", type=float, default=2e-3, help="warm-start learning rate")
+    p.add_argument("--eval_every", type=int, default=10, help="validate every this many steps")
     p.add_argument("--warmup", type=int, default=50, help="warm-start lr warm-up steps")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     p.add_argument("--force", action="store_true", help="rebuild even if the model exists")
@@ -221,7 +271,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    rows = make_tasks(args.seed, args.n_math_train, args.n_math_test)
+    rows = make_tasks(args.seed, args.n_math_train, args.n_math_test, args.n_code_test)
     os.makedirs(args.out, exist_ok=True)
     for task, splits in rows.items():
         for split, items in splits.items():

@@ -71,7 +71,8 @@ def tiny(tmp_path_factory):
     # --threads 1: with 2 threads on a busy 2-core machine the warm start is ~20x slower
     ok(run([PY, "data/prepare.py", "--out", str(d), "--n_math_train", "40", "--n_math_test", "20",
             "--hidden", "64", "--heads", "2", "--layers", "2", "--steps", "200", "--batch_size", "32",
-            "--lr", "1e-2", "--warmup", "5", "--threads", "1", "--n_val", "10", "--target", "1.01"], timeout=300)[0])
+            "--lr", "1e-2", "--warmup", "5", "--threads", "1", "--n_val", "10", "--target", "1.01",
+            "--q_math", "1", "--q_code", "1"], timeout=300)[0])
     assert (d / "model" / "config.json").is_file() and (d / "math_train.jsonl").is_file()
     return d
 
