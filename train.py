@@ -166,15 +166,15 @@ def collate(batch, idx, pad_id, device, per_token=None):
 class PromptSampler:
     """Which prompts each iteration trains on: shuffled epochs without replacement over each data
     set (`--train_mix balanced`: every iteration takes an equal share of each) or over their union
-    (`proportional`). Deterministic in (seed, iteration), identical on every rank, and its whole
-    state is two small lists (saved in checkpoints)."""
+    (`proportional`). Deterministic in (seed, iteration) and identical on every rank."""
 
     def __init__(self, rows, mix, seed):
         keys = [r["source"] for r in rows] if mix == "balanced" else ["all"] * len(rows)
         self.pools = [[i for i, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)]
         self.seed, self.epoch, self.pos = seed, [0] * len(self.pools), [0] * len(self.pools)
+        self.order = [self._shuffled(p) for p in range(len(self.pools))]
 
-    def _order(self, p):
+    def _shuffled(self, p):
         return random.Random(self.seed * 1009 + p * 101 + self.epoch[p]).sample(self.pools[p], len(self.pools[p]))
 
     def take(self, n, it):
@@ -185,15 +185,10 @@ class PromptSampler:
                 raise ValueError(f"--prompts_per_iter={n} asks {k} prompts of a data set with {len(self.pools[p])}")
             if self.pos[p] + k > len(self.pools[p]):     # next epoch, reshuffled
                 self.epoch[p], self.pos[p] = self.epoch[p] + 1, 0
-            out += self._order(p)[self.pos[p]:self.pos[p] + k]
+                self.order[p] = self._shuffled(p)
+            out += self.order[p][self.pos[p]:self.pos[p] + k]
             self.pos[p] += k
         return random.Random(self.seed * 7 + it).sample(out, len(out))   # mix the data sets
-
-    def state_dict(self):
-        return {"epoch": list(self.epoch), "pos": list(self.pos)}
-
-    def load_state_dict(self, state):
-        self.epoch, self.pos = list(state["epoch"]), list(state["pos"])
 
 
 def policy_loss(logp, old_logp, adv, mask, global_count):

@@ -61,10 +61,10 @@ def code_problems():
 
     The reward runs hidden call-based tests at points the prompt does not show.
     """
+    xs = [-7, 3, 11, 25]
     out = []
     for a in range(1, 10):
         for b in range(-9, 10):
-            xs = [-7, 3, 11, 25]
             tests = {"fn_name": "f", "inputs": [[x] for x in xs], "outputs": [a * x + b for x in xs]}
             out.append((f"f(x) = {a}x{b:+d}. Write f.\n", json.dumps(tests), (a, b)))
     return out
@@ -77,22 +77,15 @@ def code_solution(a, b):
 def make_tasks(seed, n_math_train, n_math_test, n_code_test):
     """Rows for both tasks, shuffled from a seed; held-out problems never appear in train."""
     rng = random.Random(seed)
-    rows = {"math": {}, "code": {}}
-    math = math_problems()
+    math = [{"problem": p, "ground_truth": a, "solution": math_solution(a)} for p, a in math_problems()]
+    code = [{"problem": p, "ground_truth": t, "solution": code_solution(*ab)} for p, t, ab in code_problems()]
     rng.shuffle(math)
+    rng.shuffle(code)
     if n_math_test + n_math_train > len(math):
         raise ValueError(f"--n_math_train {n_math_train} + --n_math_test {n_math_test} exceeds the "
                          f"{len(math)} distinct math problems")
-    rows["math"]["test"] = [{"problem": p, "ground_truth": a, "solution": math_solution(a)}
-                            for p, a in math[:n_math_test]]
-    rows["math"]["train"] = [{"problem": p, "ground_truth": a, "solution": math_solution(a)}
-                             for p, a in math[n_math_test:n_math_test + n_math_train]]
-    code = code_problems()
-    rng.shuffle(code)
-    rows["code"]["test"] = [{"problem": p, "ground_truth": t, "solution": code_solution(*ab)}
-                            for p, t, ab in code[:n_code_test]]
-    rows["code"]["train"] = [{"problem": p, "ground_truth": t, "solution": code_solution(*ab)}
-                             for p, t, ab in code[n_code_test:]]
+    rows = {"math": {"test": math[:n_math_test], "train": math[n_math_test:n_math_test + n_math_train]},
+            "code": {"test": code[:n_code_test], "train": code[n_code_test:]}}
     for task, splits in rows.items():
         for split, items in splits.items():
             for i, row in enumerate(items):
@@ -169,12 +162,12 @@ def noisy_demonstrator_loss(logits, labels, keep, char_sets):
     valid = labels >= 0
     y = labels.clamp(min=0)
     nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    loss = nll.clone()
+    k = keep[:, None]
+    loss = nll
     for ids in char_sets:                                  # e.g. the ten digits, then + and -
         ids = torch.tensor(ids)
         is_kind = torch.isin(y, ids) & valid
         uniform_nll = -logp[..., ids].mean(-1)
-        k = keep[:, None].expand_as(nll)
         loss = torch.where(is_kind, k * nll + (1 - k) * uniform_nll, loss)
     return (loss * valid).sum() / valid.sum()
 
