@@ -46,7 +46,7 @@ CODE_MAX_OUTPUT = 4 << 20  # stdout bytes read per run; more is a failure, never
 CODE_MEMORY = 1 << 30      # RLIMIT_AS per sandboxed process (bytes)
 CODE_NPROC = 8             # RLIMIT_NPROC (processes + threads) of a sandbox's uid
 CODE_FILE_SIZE = 16 << 20  # RLIMIT_FSIZE and the size of the sandbox's /tmp (bytes)
-SANDBOX_UID_BASE = 2_100_000_000  # as root: sandbox k runs as this uid + k (must be unused)
+SANDBOX_UID_BASE = 2_100_000_000  # as root: sandboxes run as uids from here to ~3.17e9 (must be unused)
 BWRAP = shutil.which("bwrap")     # None selects the weaker fallback (tests flip it)
 _TOOLS = {t: shutil.which(t) or f"/usr/bin/{t}" for t in ("prlimit", "setpriv", "unshare")}
 
@@ -183,9 +183,25 @@ def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
 
 # ------------------------------------------------------------------------------------ code
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
-_uids = queue.Queue()  # FIFO, so a just-used uid rests while others run
-for _k in range(256):
-    _uids.put(SANDBOX_UID_BASE + _k)
+_uid_pool, _uid_lock = {}, threading.Lock()
+
+
+def _uids():
+    """This process's own sandbox uids: BASE + (pid mod 2^22) * 256 + k, k < 256 (a FIFO, so a
+    just-used uid rests while others run). Living processes have distinct pids (Linux caps them
+    at 2^22), so concurrent trainers (sweep jobs, one rank per GPU) never share a uid: they must
+    not, since after each run every process of the run's uid is killed, and RLIMIT_NPROC counts
+    the tasks of a uid. Made on first use in each process, so a forked child gets its own."""
+    with _uid_lock:
+        if os.getpid() not in _uid_pool:
+            q, base = queue.Queue(), SANDBOX_UID_BASE + (os.getpid() % (1 << 22)) * 256
+            for k in range(256):
+                q.put(base + k)
+            _uid_pool.clear()
+            _uid_pool[os.getpid()] = q
+        return _uid_pool[os.getpid()]
+
+
 _checked, _warned = set(), set()
 _HARNESS = r"""
 import json, os, sys
@@ -293,7 +309,7 @@ def _sandbox_argv(d, uid, timeout):
 
 def _run(code, stdin, call, timeout):
     """Run `code` once in a fresh sandbox; its stdout, or None on timeout or too much output."""
-    uid = _uids.get()
+    uid = _uids().get()
     try:
         with tempfile.TemporaryDirectory(prefix="rwsbx-") as d:
             for name, data in (("solution.py", code.encode("utf-8", "replace")), ("stdin", stdin)):
@@ -337,7 +353,7 @@ def _run(code, stdin, call, timeout):
                             pass
                     time.sleep(0.005)
     finally:
-        _uids.put(uid)
+        _uids().put(uid)
 
 
 def _check_sandbox():

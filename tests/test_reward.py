@@ -289,3 +289,21 @@ def test_batch_results_keep_input_order():
     codes = [f"print({i if i % 2 else -1})" for i in range(n)]
     assert reward.score("code", codes, [stdin_spec(str(i)) for i in range(n)], workers=3) == \
         [0.0 if i % 2 == 0 else 1.0 for i in range(n)]
+
+
+def test_concurrent_trainers_do_not_kill_each_others_sandboxes():
+    # Two processes scoring code at the same time (two sweep jobs, or two GPU ranks on one node).
+    # After each run every process of that run's uid is killed, so if both processes drew sandbox
+    # uids from one pool, one's clean-up would kill the other's running program (scored 0).
+    # Each program sleeps 0.3 s so that runs of the two processes overlap.
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import reward\n"
+        "code = '```python\\nimport time\\ndef f(x):\\n    time.sleep(0.3)\\n    return x + 1\\n```'\n"
+        "spec = '{\"fn_name\": \"f\", \"inputs\": [[1], [2]], \"outputs\": [2, 3]}'\n"
+        "print(sum(reward.score('code', [code] * 16, [spec] * 16, workers=4)))\n")
+    root = str(Path(__file__).resolve().parents[1])
+    procs = [subprocess.Popen([sys.executable, "-c", script, root], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    got = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert got == ["16.0", "16.0"], f"correct programs scored {got} of 16 each"
