@@ -28,7 +28,7 @@ update, one pass, micro-batch 64), read from trl/trainer/grpo_config.py and grpo
    warm-up, grad clip 1.0, weight decay 0, beta=0 (no reference model), loss_type "dapo" (token mean
    over the optimizer step's tokens, as ours' token-mean), temperature 1, top_p 1, top_k 0.
 4. Same prompts in the same order: TRL gets the rows in train.py's own shuffled order
-   (random.Random(seed).sample) with `shuffle_dataset=False`, so iteration k samples the same 64
+   (PromptSampler over tiny-math alone) with `shuffle_dataset=False`, so iteration k samples the same 64
    prompts on both sides. The completions differ (different samplers), so the mean response
    length of each side is printed too: the cost depends on it.
 5. The reward on the TRL side is our reward.score("math", ...) wrapped as a TRL reward function.
@@ -53,7 +53,7 @@ p.add_argument("--data_dir", default=None, help="folder holding the tiny-math js
 p.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts per iteration")
 p.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
 p.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per optimizer update")
-p.add_argument("--max_new_tokens", type=int, default=16, help="max response length, tokens")
+p.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens (train.py's default)")
 p.add_argument("--lr", type=float, default=3e-4, help="learning rate, both sides")
 p.add_argument("--warmup", type=int, default=1, help="iterations run and not timed")
 p.add_argument("--iters", type=int, default=3, help="timed iterations")
@@ -82,7 +82,9 @@ def run_trl(use_vllm):
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = load_problems("tiny-math", "train", data_dir=args.data_dir)
-    order = random.Random(args.seed).sample(range(len(rows)), len(rows))      # train.py's order (choice 4)
+    # train.py's order (choice 4): its PromptSampler over one pool (--train_mix proportional) walks
+    # this permutation P prompts per iteration (it only reorders prompts within an iteration)
+    order = random.Random(args.seed * 1009).sample(range(len(rows)), len(rows))
     rows = [rows[i] for i in order]
     data = Dataset.from_list([{"prompt": r["problem"], "ground_truth": r["ground_truth"]} for r in rows])
 
@@ -174,7 +176,8 @@ def main():
                 "--prompts_per_iter", str(args.prompts_per_iter), "--group_size", str(args.group_size),
                 "--prompts_per_update", str(args.prompts_per_update), "--max_new_tokens", str(args.max_new_tokens),
                 "--micro_batch_size", str(args.prompts_per_update * args.group_size), "--lr", str(args.lr),
-                "--seed", str(args.seed), "--sample_every", "0", "--threads", str(args.threads)]
+                "--seed", str(args.seed), "--sample_every", "0", "--threads", str(args.threads),
+                "--train_data", "tiny-math", "--train_mix", "proportional", "--ckpt_every", "0"]
     if args.data_dir:
         ours_cmd += ["--data_dir", args.data_dir]
     rc, wall, tree, hwm = run_measured(ours_cmd, work / "ours.log")
