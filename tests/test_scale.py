@@ -89,15 +89,16 @@ def test_ctrl_c_then_resume_equals_the_straight_run(tiny, tmp_path):
     proc = subprocess.Popen(train_cmd(tiny, stopped, *flags), cwd=ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
-    for line in proc.stdout:                      # Ctrl-C as soon as iteration 1 is logged
+    for line in proc.stdout:                      # Ctrl-C as soon as iteration 2 is logged
         lines.append(line)
-        if line.startswith("iter 1/4"):
+        if line.startswith("iter 2/4"):
             proc.send_signal(signal.SIGINT)
     proc.wait(timeout=300)
     text = "".join(lines)
     assert proc.returncode == 130, f"exit {proc.returncode} after SIGINT\n{text[-3000:]}"
     done = len(metrics(stopped))
-    assert 1 <= done < 4, f"stopped after {done} iterations"
+    # the signal lands before or after iteration 2's end-of-iteration check: it stops after 2 or 3
+    assert done in (2, 3), f"stopped after {done} iterations"
     ckpt = stopped / "checkpoints" / f"iter_{done:06d}"
     assert (ckpt / "trainer_state.json").is_file(), f"no checkpoint of iteration {done}: {os.listdir(ckpt.parent)}"
     assert not (stopped / "final").exists()
