@@ -359,7 +359,7 @@ def replayed_rollouts(folder, it, take, G):
     files = sorted(f for f in os.listdir(folder) if f.startswith(f"iter_{it:06d}_rank"))
     if not files:
         raise FileNotFoundError(f"--replay_rollouts={folder!r} has no rollouts of iteration {it}")
-    whole = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "truncated", "texts")}
+    whole = {field.name: [] for field in dataclasses.fields(RolloutBatch)}
     for name in files:
         with open(os.path.join(folder, name)) as f:
             for k, v in json.load(f).items():

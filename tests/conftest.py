@@ -2,6 +2,7 @@
 
 The tiny model (data/prepare.py into a tmp folder, ~15-25 s) is built once per pytest session.
 """
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # repo root, so `rollout` imports
@@ -34,6 +36,17 @@ def ok(proc):
 def load_params(model_dir):
     from safetensors.torch import load_file
     return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def metrics(out):
+    """Every row of a run's metrics.jsonl."""
+    return [json.loads(line) for line in open(Path(out) / "metrics.jsonl")]
+
+
+def update_of(out, tiny):
+    """The whole change of a run's final weights from the tiny start model, flattened (float64)."""
+    start, final = load_params(tiny / "model"), load_params(Path(out) / "final")
+    return torch.cat([(final[k].double() - start[k].double()).flatten() for k in sorted(start)])
 
 
 def max_param_diff(a, b):

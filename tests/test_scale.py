@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import ENV, PY, ROOT, load_params, ok, run
+from conftest import ENV, PY, ROOT, load_params, metrics, ok, run, update_of
 
 # `accelerate launch` with two processes: --multi_gpu is its torchrun launcher; on a machine
 # without GPUs train.py's Accelerator(cpu=True) then runs them as MULTI_CPU over gloo
@@ -31,16 +31,6 @@ TIMERS = ("time_rollout_s", "time_reward_s", "time_logp_s", "time_update_s", "ti
 def train_cmd(tiny, out, *flags):
     return [PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--threads", "1",
             "--prompts_per_iter", "8", "--out_dir", str(out), *flags]
-
-
-def metrics(out):
-    return [json.loads(line) for line in open(out / "metrics.jsonl")]
-
-
-def update_of(out, tiny):
-    """The whole change of the weights from the start model, flattened (float64)."""
-    start, final = load_params(tiny / "model"), load_params(out / "final")
-    return torch.cat([(final[k].double() - start[k].double()).flatten() for k in sorted(start)])
 
 
 def run_parallel(cmds, timeout=400):

@@ -21,7 +21,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ENV, PY, ROOT, load_params, max_param_diff, ok, run
+from conftest import ENV, PY, ROOT, load_params, max_param_diff, metrics, ok, run, update_of
 
 # every metric train.py must write, finite, on every row of metrics.jsonl
 REQUIRED_METRICS = ("iter", "reward_mean", "reward_std", "solve_rate", "clip_frac", "ratio_mean",
@@ -147,7 +147,7 @@ def test_train_two_iterations_end_to_end(tiny, tmp_path):
     out = tmp_path / "run"
     ok(run([PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--iters", "2",
             "--prompts_per_iter", "8", "--prompts_per_update", "4", "--out_dir", str(out)])[0])
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    rows = metrics(out)
     assert [r["iter"] for r in rows] == [1, 2]
     for r in rows:
         for k in REQUIRED_METRICS:
@@ -170,20 +170,17 @@ def test_train_two_iterations_end_to_end(tiny, tmp_path):
 # 4. micro-batching does not change the update
 
 def test_micro_batching_does_not_change_the_update(tiny, tmp_path):
-    finals, metrics = {}, {}
+    step, first = {}, {}
     for mb in (64, 3):   # 32 sequences per mini-batch: one micro-batch, or 11 of <= 3
         out = tmp_path / f"mb{mb}"
         ok(run([PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--iters", "1",
                 "--prompts_per_iter", "8", "--prompts_per_update", "4", "--micro_batch_size", str(mb),
                 "--seed", "0", "--out_dir", str(out)])[0])
-        finals[mb] = load_params(out / "final")
-        metrics[mb] = json.loads(open(out / "metrics.jsonl").readline())
-    same = {k: (metrics[64][k], metrics[3][k]) for k in ("reward_mean", "response_len")}
+        step[mb] = update_of(out, tiny)                          # the whole update, flattened
+        first[mb] = metrics(out)[0]
+    same = {k: (first[64][k], first[3][k]) for k in ("reward_mean", "response_len")}
     if any(a != b for a, b in same.values()):
         pytest.skip(f"the two runs sampled different rollouts (engine seed not reproducible here): {same}")
-    start = load_params(tiny / "model")
-    step = {mb: torch.cat([(f[k].double() - start[k].double()).flatten() for k in sorted(start)])
-            for mb, f in finals.items()}                        # the whole update, flattened
     moved, diff = step[64].abs().max().item(), (step[64] - step[3]).abs().max().item()
     rel = ((step[64] - step[3]).norm() / step[64].norm()).item()
     # Measured: max |param diff| 6.4e-6 on 3 of 99k parameters (<= 1e-6 on all others), relative
