@@ -34,6 +34,12 @@ LOG_RATIO_CLAMP = 20.0  # choice 4
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STATS = ("clip_frac", "clip_frac_upper", "clip_frac_lower", "clip_frac_bounds", "clip_frac_dual",
          "ratio_mean", "ratio_max", "div_mean", "kl_k3")
+# Where the region bites (the measured counterpart of the paper's Figure 1): tokens are bucketed by
+# their behaviour probability mu at these edges, mu < 0.01 | < 0.1 | < 0.5 | >= 0.5. Two more stats,
+# each a list of 4 floats: `token_frac_by_mu` (share of the valid tokens in each bucket) and
+# `clip_frac_by_mu` (share of each bucket's tokens that were clipped, i.e. counted in clip_frac).
+MU_EDGES = (0.01, 0.1, 0.5)
+BY_MU = ("token_frac_by_mu", "clip_frac_by_mu")
 
 # -----------------------------------------------------------------------------
 # Divergence generators f(r), r = pi/mu, f convex with f(1) = 0 (paper eqs. 14-17).
@@ -143,8 +149,9 @@ def _aggregate(per_token, valid, agg, global_count):
     return total / torch.as_tensor(count, dtype=total.dtype, device=total.device).clamp(min=1)
 
 
-def _stats(valid, log_r, d=None, **fracs):
-    """Python floats over this batch's valid tokens; fracs: name -> (B, T) bool; missing keys are 0."""
+def _stats(valid, log_r, old_logp, d=None, **fracs):
+    """Python floats over this batch's valid tokens, plus the BY_MU lists; fracs: name -> (B, T)
+    bool, where "clip_frac" is the clipped mask the BY_MU split uses; missing keys are 0."""
     with torch.no_grad():
         n = valid.sum().clamp(min=1)
         mean = lambda x: torch.where(valid, x, 0).sum().float() / n
@@ -156,7 +163,17 @@ def _stats(valid, log_r, d=None, **fracs):
         out["kl_k3"] = mean((r - 1) - log_r)                 # k3 estimate of KL(mu || pi), sampled from mu
         if d is not None:                                     # capped: pi == 1 under kl-binary gives inf
             out["div_mean"] = mean(torch.where(d <= 1e6, d, 1e6).float())
-        return dict(zip(out, torch.stack(list(out.values())).tolist()))     # one device sync
+        # bucket of each token by mu: 0..3 (searchsorted on log mu, so mu = 1e-30 is bucket 0)
+        edges = torch.tensor(MU_EDGES, dtype=torch.float64, device=valid.device).log()
+        bucket = torch.bucketize(old_logp.detach().double(), edges, right=True)            # (B, T)
+        clipped = fracs.get("clip_frac", torch.zeros_like(valid)) & valid
+        in_b = torch.stack([(bucket == b) & valid for b in range(len(MU_EDGES) + 1)])      # (4, B, T)
+        n_b = in_b.flatten(1).sum(1).float()                                                # (4,)
+        token_frac = n_b / n
+        clip_frac = (in_b & clipped).flatten(1).sum(1).float() / n_b.clamp(min=1)
+        flat = torch.cat([torch.stack(list(out.values())), token_frac, clip_frac]).tolist()  # one device sync
+        k = len(out)
+        return {**dict(zip(out, flat[:k])), "token_frac_by_mu": flat[k:k + 4], "clip_frac_by_mu": flat[k + 4:]}
 
 # -----------------------------------------------------------------------------
 # The GPPO loss (paper eq. 11 as a mask, section 5).
@@ -178,7 +195,7 @@ def gppo_loss(logp, old_logp, advantages, mask, divergence, estimator, delta=Non
         clipped = (upper | lower | bounds | dual) & valid                    # (B, T): no gradient
     per_token = -adv * torch.where(clipped, r.detach(), r)                  # choice 2
     return _aggregate(per_token, valid, agg, global_count), _stats(
-        valid, log_r, d, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower,
+        valid, log_r, old, d, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower,
         clip_frac_bounds=bounds, clip_frac_dual=dual)
 
 
@@ -227,7 +244,7 @@ def gspo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
     has value s_i and gradient s_i * grad log pi_t; under seq-mean-token-mean (their 1/G sum_i, the
     default) this is exactly the sequence-level GSPO gradient."""
     _lookup(AGGS, agg, "agg")
-    valid, lp, _, adv, log_r = _prepare(logp, old_logp, advantages, mask)
+    valid, lp, old, adv, log_r = _prepare(logp, old_logp, advantages, mask)
     n = valid.sum(-1, keepdim=True).clamp(min=1)                           # (B, 1)
     log_s = (log_r.sum(-1, keepdim=True) / n).detach()                     # (B, 1) log s_i
     s = torch.exp(log_s + lp - lp.detach())                                # (B, T): value s_i
@@ -236,7 +253,7 @@ def gspo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
     clipped = (upper | lower) & valid
     per_token = -adv * torch.where(clipped, s.detach(), s)
     return _aggregate(per_token, valid, agg, global_count), _stats(
-        valid, log_r, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
+        valid, log_r, old, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
 
 
 def gmpo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", global_count=None,
@@ -247,7 +264,7 @@ def gmpo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
     in the geometric mean and gives no gradient. Token form as in gspo_loss: exact under
     seq-mean-token-mean (the authors' 1/G sum_i)."""
     _lookup(AGGS, agg, "agg")
-    valid, lp, _, adv, log_r = _prepare(logp, old_logp, advantages, mask)
+    valid, lp, old, adv, log_r = _prepare(logp, old_logp, advantages, mask)
     up, down = _pushing(log_r.exp(), adv)
     upper, lower = up & (log_r > clip_high) & valid, down & (log_r < -clip_low) & valid
     clipped = upper | lower
@@ -256,7 +273,7 @@ def gmpo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
     gmean = torch.exp(log_rt.sum(-1, keepdim=True) / n).detach()            # (B, 1)
     per_token = -adv * gmean * torch.exp(log_rt - log_rt.detach())          # value A g_i, grad A g_i grad log r_t
     return _aggregate(per_token, valid, agg, global_count), _stats(
-        valid, log_r, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
+        valid, log_r, old, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
 
 
 def sapo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", global_count=None,
@@ -266,10 +283,10 @@ def sapo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
     4 sigma (1 - sigma) is 1 at r = 1 and decays smoothly. Aggregated as the authors do,
     1/G sum_i 1/|y_i| sum_t (seq-mean-token-mean). Nothing is clipped: clip_frac is 0."""
     _lookup(AGGS, agg, "agg")
-    valid, _, _, adv, log_r = _prepare(logp, old_logp, advantages, mask)
+    valid, _, old, adv, log_r = _prepare(logp, old_logp, advantages, mask)
     tau = torch.where(adv > 0, tau_pos, tau_neg)                           # (B, T)
     gate = torch.sigmoid(tau * (log_r.exp() - 1)) * 4 / tau
-    return _aggregate(-adv * gate, valid, agg, global_count), _stats(valid, log_r)
+    return _aggregate(-adv * gate, valid, agg, global_count), _stats(valid, log_r, old)
 
 
 def cispo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None,
@@ -280,12 +297,12 @@ def cispo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=
     CISPO example. No token loses its gradient; clip_frac counts tokens whose weight was clipped.
     Written as w * exp(logp - sg(logp)): same gradient, and the value -A w is comparable to the others."""
     _lookup(AGGS, agg, "agg")
-    valid, lp, _, adv, log_r = _prepare(logp, old_logp, advantages, mask)
+    valid, lp, old, adv, log_r = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()
     w = r.clamp(min=None if eps_low is None else 1 - eps_low, max=1 + eps_high)   # (B, T)
     per_token = -adv * w.detach() * torch.exp(lp - lp.detach())
     return _aggregate(per_token, valid, agg, global_count), _stats(
-        valid, log_r, clip_frac=w != r, clip_frac_upper=w < r, clip_frac_lower=w > r)
+        valid, log_r, old, clip_frac=w != r, clip_frac_upper=w < r, clip_frac_lower=w > r)
 
 
 def clip_cov_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None,
@@ -295,7 +312,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, agg="token-mean", global_cou
     (cov_low, cov_high), a random max(1, clip_ratio * N) (N = valid tokens) have their gradient
     detached. `generator` (torch.Generator) makes the draw reproducible."""
     _lookup(AGGS, agg, "agg")
-    valid, lp, _, adv, log_r = _prepare(logp, old_logp, advantages, mask)
+    valid, lp, old, adv, log_r = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()
     up, down = _pushing(r, adv)
     upper, lower = up & (r > 1 + eps) & valid, down & (r < 1 - eps) & valid   # PPO's own clip
@@ -312,7 +329,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, agg="token-mean", global_cou
     clipped = upper | lower | by_cov
     per_token = -adv * torch.where(clipped, r.detach(), r)
     return _aggregate(per_token, valid, agg, global_count), _stats(
-        valid, log_r, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
+        valid, log_r, old, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
 
 
 BASELINES = {"gspo": gspo_loss, "gmpo": gmpo_loss, "sapo": sapo_loss, "cispo": cispo_loss,

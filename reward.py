@@ -463,8 +463,19 @@ def score(task, completions, ground_truths, workers=None, timeout=None):
         run = lambda a, g: 0.0 if a is None or _pathological(a) else \
             _verdict(str(g).strip().strip("$"), a, timeout or MATH_TIMEOUT_S)
         items = zip(answers, ground_truths)
+    # Identical (answer, ground truth) pairs are judged once: a converging policy repeats itself
+    # (most of a group's 8 programs are often the same text), and each distinct program is still
+    # run in a fresh sandbox. Keys are the extracted program / answer, so prose around them is free.
+    items = list(items)
+    keys = [(extract_code(a) if task == "code" and isinstance(a, str) else a,
+             json.dumps(g, sort_keys=True) if task == "code" else str(g)) for a, g in items]
+    first = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    unique = list(first.values())
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # threads drive processes
-        return list(pool.map(lambda item: run(*item), items))
+        verdicts = dict(zip(unique, pool.map(lambda i: run(*items[i]), unique)))
+    return [verdicts[first[k]] for k in keys]
 
 
 def close():
