@@ -2,6 +2,7 @@
 Cost of the objective: gppo.gppo_loss forward + backward per cell against a plain PPO clip loss.
 
     python bench/bench_objective.py                          # 1024 x 1024 = 1M tokens, 12 cells + js + baselines
+    python bench/bench_objective.py --threads 1 --reps 5     # what the last README figures used
     python bench/bench_objective.py --shape 4096x256 --reps 9 --threads 2
 
 What it measures: seconds for loss(logp, old_logp, adv, mask) plus loss.backward() into logp, on
@@ -14,8 +15,9 @@ baselines of gppo.BASELINES as extra rows, each against plain PPO clip written h
 2. Plain PPO clip and the row's loss are timed alternately, rep by rep, after `--warmup` untimed
    passes of each, and the ratio is of the two medians: a machine that is busier in one moment than
    the next slows both sides of a pair alike.
-3. gppo_loss's cost includes what the trainer pays for with it: |D(r)| in float64 (gppo.py choice 5)
-   and its stats dict (one device-to-host copy). Plain PPO computes only the loss.
+3. gppo_loss's cost includes what the trainer pays for with it: |D(r)| in float32 (tokens float32
+   cannot decide re-decided in float64, gppo.py choice 5) and its stats dict with the BY_MU lists
+   (one device-to-host copy). Plain PPO computes only the loss.
 4. One torch thread count for all rows (`--threads`, 0 = torch's default), in one process.
 """
 import argparse, json, os, statistics, sys, time
@@ -88,13 +90,20 @@ def main():
         _, st = fn(logp, old, adv, mask)
         t, pt = statistics.median(ts), statistics.median(ps)
         out[name] = dict(ms=1e3 * t, ppo_ms=1e3 * pt, ratio=t / pt, clip_frac=st.get("clip_frac"),
-                         grid=name.split("-")[0] in ("tv", "chi2", "kl", "hellinger"))
+                         grid=name.split("-")[0] in ("tv", "chi2", "kl", "hellinger"),
+                         baseline=name in gppo.BASELINES)
         print(f"{name:<18}{1e3 * t:9.1f}{1e3 * pt:9.1f}{t / pt:8.2f}  {st.get('clip_frac', 0):.4f}", flush=True)
     grid = [v["ratio"] for v in out.values() if v["grid"]]
+    base = [v["ratio"] for v in out.values() if v["baseline"]]
     summary = dict(grid_ratio_max=max(grid), grid_ratio_median=statistics.median(grid),
-                   grid_cells_within_1_5x=sum(r <= 1.5 for r in grid), grid_cells=len(grid))
+                   grid_cells_within_1_5x=sum(r <= 1.5 for r in grid), grid_cells=len(grid),
+                   baseline_ratio_max=max(base), baseline_ratio_median=statistics.median(base),
+                   baselines_within_1_5x=sum(r <= 1.5 for r in base), baselines=len(base))
     print(f"\n12 grid cells: ratio median {summary['grid_ratio_median']:.2f}, max {summary['grid_ratio_max']:.2f}, "
           f"{summary['grid_cells_within_1_5x']}/12 within 1.5x of plain PPO clip")
+    print(f"{len(base)} baselines ({', '.join(gppo.BASELINES)}): ratio median "
+          f"{summary['baseline_ratio_median']:.2f}, max {summary['baseline_ratio_max']:.2f}, "
+          f"{summary['baselines_within_1_5x']}/{len(base)} within 1.5x")
     line = json.dumps(dict(bench="objective", config=config, rows=out, summary=summary,
                            load_avg_end=os.getloadavg()[0]))
     print(line)
