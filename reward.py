@@ -3,10 +3,11 @@ Binary rewards for RL on model-written text: 1.0 for a correct response, 0.0 oth
 
     score("math", completions, ground_truths)  # gold answers such as "56", "\\frac{1}{2}", "[1, 2)"
     score("code", completions, test_specs)     # APPS/TACO/PRIME {"inputs": [...], "outputs": [...]}
+    score("rg", completions, ground_truths)    # reasoning-gym rows of data/loaders.py ("rg:<name>")
 
 `score` is what the trainer calls once per iteration: the whole batch, in parallel, results in
 input order. Bad model output never raises (it scores 0); bad configuration (unknown task,
-malformed test spec) raises ValueError. Tests: `python -m pytest tests/test_reward.py`.
+malformed test spec or ground truth) raises ValueError. Tests: `python -m pytest tests/test_reward.py`.
 
 Design choices:
 1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
@@ -30,6 +31,14 @@ Design choices:
    small harness that prints JSON results after a random marker.
 7. Without bwrap we fall back to rlimits + `unshare` (network and pid namespaces) + a temp dir,
    and say once, loudly, what is not isolated.
+8. reasoning-gym ("rg") answers are the last `Answer: ...` line (or \\boxed{}), as for math, judged
+   by the data set's own `score_answer(answer, entry)` in the same killable workers as math
+   (a checker can hang too: sympy on "x**(9**9**9)"). Its scores lie in [0, 1], some with partial
+   credit (e.g. the right number inside extra words); we keep rewards binary: 1.0 only for full
+   credit (score >= 1), else 0.0. The ground truth is the JSON that data/loaders.py writes:
+   {"dataset", "config", "entry"}; the worker rebuilds the data set object from name + config.
+9. The pool of checker workers (and of concurrent sandboxes) defaults to this process's cores
+   divided by LOCAL_WORLD_SIZE: under `accelerate launch` every rank on a node scores at once.
 """
 import atexit, concurrent.futures, functools, json, math, os, queue, re, secrets, select
 import shutil, signal, subprocess, sys, tempfile, threading, time
@@ -38,7 +47,8 @@ import shutil, signal, subprocess, sys, tempfile, threading, time
 MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
 MATH_TAIL_CHARS = 4000     # only the tail of a completion is searched for the final answer
 MATH_MAX_ANSWER = 400      # longer extracted answers score 0 without reaching sympy
-MATH_WORKER_MEM = 4 << 30  # address-space limit of a math worker (bytes)
+MATH_WORKER_MEM = 4 << 30  # address-space limit of a checker worker, math or rg (bytes)
+RG_TIMEOUT_S = 5.0         # hard wall-clock limit per reasoning-gym item; the worker is killed past it
 CODE_TIMEOUT_S = 5.0       # wall-clock limit per sandboxed interpreter run
 CODE_MAX_TESTS = 10        # tests run per problem (the first ones)
 CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
@@ -94,38 +104,74 @@ def _pathological(answer):
     return False
 
 
-def _math_worker():
-    """Worker main loop: one JSON [gold, answer, limit] per stdin line -> '1' or '0'."""
+def _checker(kind):
+    """In a worker: import `kind`'s checker, a function (gold, answer, limit) -> bool."""
+    if kind == "math":
+        from math_verify import LatexExtractionConfig, parse, verify
+        config = [LatexExtractionConfig()]
+        parse_boxed = lambda s, t: parse("\\boxed{" + s + "}", config, parsing_timeout=t)
+        gold_cache = functools.lru_cache(4096)(parse_boxed)
+
+        def judge(gold, answer, limit):
+            soft = max(1, int(limit) // 3)  # math-verify's own alarms (whole seconds) per stage
+            return verify(gold_cache(gold, soft), parse_boxed(answer, soft), timeout_seconds=soft)
+        return judge
+    import reasoning_gym  # kind == "rg" (choice 8)
+    # one data set object per (name, config); seed and size do not matter to score_answer
+    make = functools.lru_cache(64)(lambda name, cfg: reasoning_gym.create_dataset(name, **json.loads(cfg)))
+
+    def judge(gold, answer, limit):
+        g = json.loads(gold)
+        data_set = make(g["dataset"], json.dumps(g["config"], sort_keys=True))
+        return data_set.score_answer(answer, g["entry"]) >= 1.0  # full credit only (choice 8)
+    return judge
+
+
+def _worker_main():
+    """Worker main loop, one JSON line in, one line out: ["load", kind] -> 'ready' (or 'error ...');
+    [kind, gold, answer, limit] -> '1' or '0'."""
     import resource
-    from math_verify import LatexExtractionConfig, parse, verify
     resource.setrlimit(resource.RLIMIT_AS, (MATH_WORKER_MEM, MATH_WORKER_MEM))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    config = [LatexExtractionConfig()]
-    parse_boxed = lambda s, t: parse("\\boxed{" + s + "}", config, parsing_timeout=t)
-    gold_cache = functools.lru_cache(4096)(parse_boxed)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        gold, answer, limit = json.loads(line)
+    # The protocol gets private copies of stdin/stdout: a checker that prints or reads input
+    # (even from C) must not corrupt it, so fds 0 and 1 become /dev/null and stderr.
+    lines, out = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    judges = {}
+    for line in lines:
+        msg = json.loads(line)
+        if msg[0] == "load":  # import time (sympy, reasoning-gym: seconds) is not an item's limit
+            try:
+                judges[msg[1]] = _checker(msg[1])
+                print("ready", file=out, flush=True)
+            except BaseException as e:
+                print("error", repr(e)[:500].replace("\n", " "), file=out, flush=True)
+            continue
+        kind, gold, answer, limit = msg
         # If this worker is ever orphaned while stuck in C, SIGXCPU still ends it.
         used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
         resource.setrlimit(resource.RLIMIT_CPU, (int(used + limit) + 2, resource.RLIM_INFINITY))
-        soft = max(1, int(limit) // 3)  # math-verify's own alarms (whole seconds) per stage
         try:
-            ok = verify(gold_cache(gold, soft), parse_boxed(answer, soft), timeout_seconds=soft)
-        except BaseException:  # math-verify's TimeoutException is a BaseException
+            ok = judges[kind](gold, answer, limit)
+        except BaseException:  # math-verify's TimeoutException is a BaseException; checkers may raise
             ok = False
-        print(int(bool(ok)), flush=True)
+        print(int(bool(ok)), file=out, flush=True)
+
+
+_INSTALL = {"math": "math-verify (pip install -r requirements.txt)",
+            "rg": "reasoning-gym (pip install reasoning-gym==0.1.25)"}
 
 
 class _Worker:
-    """A math worker process and a line protocol with a deadline on every read."""
+    """A checker worker process and a line protocol with a deadline on every read."""
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--math-worker"], bufsize=0,
+            [sys.executable, os.path.abspath(__file__), "--worker"], bufsize=0,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the trainer's process group: Ctrl-C is the trainer's
-        self.buf, self.ready = b"", False
+        self.buf, self.loaded = b"", set()
 
     def _readline(self, timeout):
         deadline = time.monotonic() + timeout
@@ -140,18 +186,23 @@ class _Worker:
         line, self.buf = self.buf.split(b"\n", 1)
         return line
 
-    def ask(self, gold, answer, limit):
-        """b'1' / b'0', or None when the worker is stuck or dead (then it must be replaced)."""
-        if not self.ready:  # start-up (importing sympy) does not count against the item's limit
-            if self._readline(120) != b"ready":
-                raise RuntimeError("math worker failed to start; is math-verify installed? "
-                                   f"try: {sys.executable} {__file__} --math-worker")
-            self.ready = True
+    def _send(self, msg):
         try:
-            self.proc.stdin.write((json.dumps([gold, answer, limit]) + "\n").encode())
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            return True
         except OSError:
-            return None
-        return self._readline(limit)
+            return False
+
+    def ask(self, kind, gold, answer, limit):
+        """b'1' / b'0', or None when the worker is stuck or dead (then it must be replaced)."""
+        if kind not in self.loaded:  # first item of this kind: import its checker, unhurried
+            reply = self._readline(120) if self._send(["load", kind]) else None
+            if reply != b"ready":
+                raise RuntimeError(f"the {kind} checker failed to load in a reward worker "
+                                   f"({(reply or b'no reply').decode(errors='replace')}); is "
+                                   f"{_INSTALL[kind]} installed? try: {sys.executable} {__file__} --worker")
+            self.loaded.add(kind)
+        return self._readline(limit) if self._send([kind, gold, answer, limit]) else None
 
     def kill(self):
         self.proc.kill()
@@ -162,10 +213,17 @@ _pool_lock = threading.Lock()
 _workers, _idle = [], queue.Queue()
 
 
-def _verdict(gold, answer, limit):
+def _start_workers(n):
+    with _pool_lock:  # persistent workers, started on first use
+        while len(_workers) < n:
+            _workers.append(_Worker())
+            _idle.put(_workers[-1])
+
+
+def _verdict(kind, gold, answer, limit):
     worker = _idle.get()
     try:
-        reply = worker.ask(gold, answer, limit)
+        reply = worker.ask(kind, gold, answer, limit)
         if reply is None:  # stuck or crashed: kill it, start a replacement in its place
             worker.kill()
             with _pool_lock:
@@ -179,6 +237,26 @@ def _verdict(gold, answer, limit):
 
 def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
     return score("math", [completion], [ground_truth], workers=1, timeout=timeout)[0]
+
+
+# ------------------------------------------------------------------------ reasoning-gym
+def _rg_gold(ground_truth):
+    """A reasoning-gym ground truth (JSON text or dict) as canonical JSON; ValueError if malformed."""
+    g = ground_truth
+    if isinstance(g, str):
+        try:
+            g = json.loads(g)
+        except ValueError:
+            g = None
+    if not (isinstance(g, dict) and isinstance(g.get("dataset"), str) and isinstance(g.get("config"), dict)
+            and isinstance(g.get("entry"), dict)):
+        raise ValueError("malformed reasoning-gym ground truth (need JSON with 'dataset' (str), 'config' "
+                         f"(dict), 'entry' (dict), as data/loaders.py writes): {str(ground_truth)[:200]!r}")
+    return json.dumps(g, sort_keys=True)
+
+
+def rg_reward(completion, ground_truth, *, timeout=RG_TIMEOUT_S):
+    return score("rg", [completion], [ground_truth], workers=1, timeout=timeout)[0]
 
 
 # ------------------------------------------------------------------------------------ code
@@ -441,27 +519,31 @@ def code_reward(completion, tests, *, timeout=CODE_TIMEOUT_S, max_tests=CODE_MAX
 
 # ----------------------------------------------------------------------------------- batch
 def score(task, completions, ground_truths, workers=None, timeout=None):
-    """Rewards for a batch, in input order, `workers` items at a time (default: one per core)."""
-    if task not in ("math", "code"):
-        raise ValueError(f"unknown task {task!r}; expected 'math' or 'code'")
+    """Rewards for a batch, in input order, `workers` items at a time (default: choice 9)."""
+    if task not in ("math", "code", "rg"):
+        raise ValueError(f"unknown task {task!r}; expected 'math', 'code' or 'rg'")
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
-    workers = workers or len(os.sched_getaffinity(0))
+    # choice 9: the ranks of one node share its cores
+    workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     if task == "code":
         specs = [_parse_tests(t) for t in ground_truths]  # fail fast, before running anything
         run = lambda c, s: _code_reward(c, s, timeout or CODE_TIMEOUT_S)
         items = zip(completions, specs)
+    elif task == "rg":
+        golds = [_rg_gold(g) for g in ground_truths]  # fail fast, before starting workers
+        _start_workers(workers)
+        answers = [extract_answer(c) if isinstance(c, str) else None for c in completions]
+        run = lambda a, g: 0.0 if a is None else _verdict("rg", g, a, timeout or RG_TIMEOUT_S)
+        items = zip(answers, golds)
     else:
         for g in ground_truths:
             if not isinstance(g, (str, int, float)) or isinstance(g, bool):
                 raise ValueError(f"math ground truth must be a string, got {g!r}")
-        with _pool_lock:  # persistent workers, started on first use
-            while len(_workers) < workers:
-                _workers.append(_Worker())
-                _idle.put(_workers[-1])
+        _start_workers(workers)
         answers = [extract_answer(c) if isinstance(c, str) else None for c in completions]
         run = lambda a, g: 0.0 if a is None or _pathological(a) else \
-            _verdict(str(g).strip().strip("$"), a, timeout or MATH_TIMEOUT_S)
+            _verdict("math", str(g).strip().strip("$"), a, timeout or MATH_TIMEOUT_S)
         items = zip(answers, ground_truths)
     # Identical (answer, ground truth) pairs are judged once: a converging policy repeats itself
     # (most of a group's 8 programs are often the same text), and each distinct program is still
@@ -478,8 +560,29 @@ def score(task, completions, ground_truths, workers=None, timeout=None):
     return [verdicts[first[k]] for k in keys]
 
 
+def overlong_penalty(lengths, max_tokens, buffer):
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), the amount taken off each reward:
+    0 up to max_tokens - buffer tokens, then (excess / buffer), reaching 1 at max_tokens."""
+    return [min(max(0, n - (max_tokens - buffer)) / buffer, 1.0) for n in lengths]
+
+
+def score_rows(completions, rows, **kw):
+    """Rewards for completions of data-set rows ({"task", "ground_truth", ...}; one row per
+    completion, tasks mixed): one `score` call per task, results in input order."""
+    out = [0.0] * len(completions)
+    for task in sorted({r["task"] for r in rows}):
+        idx = [i for i, r in enumerate(rows) if r["task"] == task]
+        got = score(task, [completions[i] for i in idx], [rows[i]["ground_truth"] for i in idx], **kw)
+        for i, s in zip(idx, got):
+            out[i] = s
+    return out
+
+
+parse_tests = _parse_tests   # public: eval.load_rows checks every code row's spec at load time
+
+
 def close():
-    """Stop the math workers (also done at exit); the next score() starts new ones."""
+    """Stop the checker workers (also done at exit); the next score() starts new ones."""
     global _idle
     with _pool_lock:
         for worker in _workers:
@@ -490,5 +593,5 @@ def close():
 
 atexit.register(close)
 
-if __name__ == "__main__" and sys.argv[1:] == ["--math-worker"]:
-    _math_worker()
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker_main()

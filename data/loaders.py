@@ -3,10 +3,14 @@
     from data.loaders import load_problems, format_prompt
     rows = load_problems("dapo-math-17k", "train", data_dir="data/hub", limit=128)
     prompt = format_prompt(rows[0], "dapo")            # or "plain", "code", "chat" (+ tokenizer)
+    rows = load_problems("rg:chain_sum?min_digits=2&max_digits=2", "test")   # reasoning-gym
+    prompt = format_prompt(rows[0], "fewshot", tokenizer)                    # or "fewshot:4"
 
-Each row is {"id", "task": "math" | "code", "problem", "ground_truth", "source": name}. For math
-the ground truth is the answer string; for code it is a JSON test spec {"inputs": [...],
-"outputs": [...]} plus "fn_name" for call-based problems (the APPS/TACO/PRIME format).
+Each row is {"id", "task": "math" | "code" | "rg", "problem", "ground_truth", "source": name}. For
+math the ground truth is the answer string; for code it is a JSON test spec {"inputs": [...],
+"outputs": [...]} plus "fn_name" for call-based problems (the APPS/TACO/PRIME format); for
+reasoning-gym it is JSON {"dataset", "config", "entry"}, what reward.py needs to run the data
+set's own checker. reasoning-gym rows also carry "shots" for the "fewshot" template.
 
 Fetch a hub set once (asking for a missing one prints the exact command), e.g.
     hf download math-ai/aime25 --repo-type dataset --include test.jsonl --local-dir data/hub/aime25
@@ -29,10 +33,30 @@ Choices:
    there). Rows with no tests, or no problem text, are dropped.
 6. The math eval sets have only a "test" split (whatever the hub calls it), so they cannot be
    trained on by accident; an unknown split raises ValueError listing the ones there are.
+7. reasoning-gym sets are generated, not fetched: `rg:<name>[?key=value&...]`, where the keys are
+   the data set's config fields (values read as Python literals, else strings) plus ours: `seed`
+   (default 0), `size` (problems generated for train, default 1000; the shots of choice 8 are
+   taken out of them), `test_size` (default 200). Its generators draw item i from
+   Random(seed + i), so the test split uses seed + 2^31 (far from any train index) and also drops
+   every problem whose text is in the train split (shots included) or already in the test split.
+   It generates until it has test_size problems, giving up after 20 x test_size + 100 tries: then
+   it warns and returns fewer, or raises ValueError if it found none (too few distinct problems).
+8. Few-shot ("fewshot", "fewshot:k", default k = 2): ChatML turns, each shot a train problem as
+   the user turn and "Answer: <answer>" as the assistant turn (exactly the line reward.py
+   extracts), then the real problem. The shots are RG_SHOTS train problems picked with a fixed
+   seed and withheld from the train rows (a training problem never has its answer in its own
+   prompt); every row, train or test, carries the same pool in row["shots"], so the trainer and
+   eval pass nothing extra and all prompts share one prefix (vLLM's prefix cache reuses it).
+   SmolLM2's chat template adds its default system prompt ("You are a helpful AI assistant named
+   SmolLM, trained by Hugging Face") when none is given; we keep it: the model was tuned with it.
 """
+import ast
+import functools
 import json
 import os
+import random
 import re
+import sys
 from glob import glob
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -56,7 +80,13 @@ CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by 
              "(keep the signature of the starter code if one is given); it is called on each test "
              "input and its return value is checked. Give the complete code in a single ```python "
              "code block.")
-TEMPLATES = ("plain", "dapo", "code", "chat")
+TEMPLATES = ("plain", "dapo", "code", "chat", "fewshot[:k]")
+RG_SIZES = {"train": 1000, "test": 200}  # default problems per split of an rg: set (choice 7)
+RG_SHOTS = 8                             # the shot pool attached to every rg row (choice 8)
+RG_TEST_SEED = 1 << 31                   # the test split's seed offset (choice 7)
+RG_INSTALL = "pip install reasoning-gym==0.1.25  (or: bash setup.sh)"
+# the zero-shot "chat" instruction for rg rows: the line reward.py extracts
+RG_SUFFIX = '\n\nEnd your response with a line of the form "Answer: <answer>".'
 
 
 # ----------------------------------------------------------------------------- normalisers
@@ -213,8 +243,10 @@ def load_problems(name: str, split: str = "train", data_dir: str | None = None,
     """Rows {"id", "task", "problem", "ground_truth", "source"} of data set `name`, in file order."""
     if name in TINY:
         return _load_tiny(name, split, data_dir)[:limit]
+    if name.startswith("rg:"):
+        return _load_rg(name, split)[:limit]
     if name not in HUB:
-        raise ValueError(f"unknown data set {name!r}; accepted: {', '.join(NAMES)}")
+        raise ValueError(f"unknown data set {name!r}; accepted: {', '.join(NAMES)}, rg:<reasoning-gym name>")
     hub, rows, seen = HUB[name], [], set()
     for i, raw in enumerate(_read_hub(name, split, data_dir)):
         if limit is not None and len(rows) >= limit:  # stop early: DAPO has 1.8M raw rows
@@ -227,12 +259,106 @@ def load_problems(name: str, split: str = "train", data_dir: str | None = None,
     return rows
 
 
+# ----------------------------------------------------------------------------- reasoning-gym
+
+def _rg_parse(name: str):
+    """"rg:<dataset>?k=v&..." -> (dataset, config dict, seed, {split: size}); ValueError if bad."""
+    try:
+        from reasoning_gym.factory import DATASETS
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"{name} needs reasoning-gym: {RG_INSTALL}") from e
+    import dataclasses
+    dataset, _, query = name[3:].partition("?")
+    if dataset not in DATASETS:
+        from importlib.metadata import version  # (its __version__ still says 0.1.19 in 0.1.25)
+        raise ValueError(f"unknown reasoning-gym data set {dataset!r} in {name!r}; reasoning-gym "
+                         f"{version('reasoning-gym')} has: {', '.join(sorted(DATASETS))}")
+    fields = [f.name for f in dataclasses.fields(DATASETS[dataset][1]) if f.name not in ("seed", "size")]
+    config, ours = {}, {"seed": 0, "size": RG_SIZES["train"], "test_size": RG_SIZES["test"]}
+    for part in filter(None, query.split("&")):  # not parse_qsl: it reads "+" as a space
+        key, eq, value = part.partition("=")
+        if not eq or key not in (*fields, *ours):
+            raise ValueError(f"bad option {part!r} in {name!r}: use key=value with keys from "
+                             f"{', '.join(fields + list(ours))}")
+        try:
+            value = ast.literal_eval(value)  # 2, True, ('+', '-'); anything else stays a string
+        except (ValueError, SyntaxError):
+            pass
+        (ours if key in ours else config)[key] = value
+    if not all(isinstance(ours[k], int) and ours[k] >= 0 for k in ours) or ours["size"] <= RG_SHOTS:
+        raise ValueError(f"{name!r}: seed, size and test_size must be integers >= 0, size > {RG_SHOTS}")
+    return dataset, config, ours["seed"], {"train": ours["size"], "test": ours["test_size"]}
+
+
+@functools.lru_cache(16)
+def _rg_split(dataset: str, config_json: str, seed: int, sizes: tuple) -> tuple:
+    """(train entries, test entries, shot entries) of one data set and config (choices 7, 8)."""
+    import reasoning_gym
+    config, (n_train, n_test) = json.loads(config_json), sizes
+
+    def make(seed, size):
+        try:
+            return reasoning_gym.create_dataset(dataset, **config, seed=seed, size=size)
+        except (AssertionError, TypeError, ValueError) as e:  # its configs validate with asserts
+            raise ValueError(f"reasoning-gym refused config {config} for {dataset!r}: {e!r}") from None
+
+    train = list(make(seed, n_train))
+    firsts = list({e["question"]: e for e in train}.values())  # distinct problems, in order
+    shots = random.Random(seed).sample(firsts, min(RG_SHOTS, len(firsts)))
+    shot_qs = {e["question"] for e in shots}
+    train = [e for e in train if e["question"] not in shot_qs]
+    seen, test = {e["question"] for e in train} | shot_qs, []
+    source = make(seed + RG_TEST_SEED, 20 * n_test + 100)
+    for i in range(len(source)):
+        if len(test) >= n_test:
+            break
+        entry = source[i]
+        if entry["question"] not in seen:
+            seen.add(entry["question"])
+            test.append(entry)
+    if n_test and not test:
+        raise ValueError(f"rg:{dataset} {config}: every test problem is also a train problem: the data set "
+                         f"has too few distinct problems for size={n_train}; lower size or make it harder")
+    if len(test) < n_test:
+        print(f"loaders: rg:{dataset} {config}: only {len(test)} of test_size={n_test} test problems differ "
+              f"from the train problems (size={n_train})", file=sys.stderr)
+    _rg_check_shots(dataset, config, shots, make(seed, 1))
+    return train, test, shots
+
+
+def _rg_check_shots(dataset, config, shots, ds):
+    """The shots must show a one-line answer that the checker, after a JSON round trip, accepts:
+    else the few-shot format or the reward (which sees the entry as JSON) cannot work."""
+    for e in shots:
+        answer, entry = e.get("answer"), json.loads(json.dumps(e, default=str))
+        if not (isinstance(answer, str) and answer.strip() and "\n" not in answer) or \
+                ds.score_answer(answer, entry) < 1.0:
+            raise ValueError(f"rg:{dataset} {config} cannot be served with the 'Answer: ...' line format: "
+                             f"its answers are not one line that its checker accepts after a JSON round "
+                             f"trip (answer {answer!r})")
+
+
+def _load_rg(name: str, split: str) -> list[dict]:
+    dataset, config, seed, sizes = _rg_parse(name)
+    if split not in sizes:
+        raise ValueError(f"{name} has splits {list(sizes)}, not {split!r}")
+    train, test, shots = _rg_split(dataset, json.dumps(config, sort_keys=True), seed,
+                                   (sizes["train"], sizes["test"]))
+    pool = [{"problem": e["question"], "answer": e["answer"]} for e in shots]  # one list, shared
+    return [{"id": f"{dataset}-{split}-{i}", "task": "rg", "problem": e["question"],
+             "ground_truth": json.dumps({"dataset": dataset, "config": config, "entry": e}, default=str),
+             "source": name, "shots": pool}
+            for i, e in enumerate(train if split == "train" else test)]
+
+
 # ----------------------------------------------------------------------------- prompts
 
 def _instruction(row: dict) -> str:
-    """The base-model instruction for a row: DAPO's for math, ours for code."""
+    """The base-model instruction for a row: DAPO's for math, ours for code and rg."""
     if row["task"] == "math":
         return DAPO_PREFIX + row["problem"] + DAPO_SUFFIX
+    if row["task"] == "rg":
+        return row["problem"] + RG_SUFFIX
     if row["task"] == "code":
         try:
             fn_name = json.loads(row["ground_truth"]).get("fn_name")
@@ -257,4 +383,56 @@ def format_prompt(row: dict, template: str, tokenizer=None) -> str:
             raise ValueError("template 'chat' needs a tokenizer (with a chat_template)")
         messages = [{"role": "user", "content": _instruction(row)}]
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if template.split(":")[0] == "fewshot":  # choice 8
+        k = template.partition(":")[2] or "2"
+        have = len(row.get("shots") or [])
+        if not (k.isdigit() and 0 < int(k) <= have):
+            raise ValueError(f"template {template!r} needs rows with at least {k} shots in row['shots'] "
+                             f"(the rg: data sets attach {RG_SHOTS}); this row has {have}")
+        if tokenizer is None:
+            raise ValueError(f"template {template!r} needs a tokenizer (with a chat_template)")
+        messages = []
+        for shot in row["shots"][:int(k)]:
+            messages += [{"role": "user", "content": shot["problem"]},
+                         {"role": "assistant", "content": f"Answer: {shot['answer']}"}]
+        messages.append({"role": "user", "content": row["problem"]})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     raise ValueError(f"unknown template {template!r}; accepted: {', '.join(TEMPLATES)}")
+
+
+# ----------------------------------------------------------------------------- sampling for training
+
+class PromptSampler:
+    """Which prompts each iteration trains on: shuffled epochs without replacement over each data
+    set (`--train_mix balanced`: every iteration takes an equal share of each) or over their union
+    (`proportional`). Deterministic in (seed, iteration), identical on every rank, and its state
+    (epoch and position per data set) is saved in checkpoints."""
+
+    def __init__(self, rows, mix, seed):
+        keys = [r["source"] for r in rows] if mix == "balanced" else ["all"] * len(rows)
+        self.pools = [[i for i, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)]
+        self.seed, self.epoch, self.pos = seed, [0] * len(self.pools), [0] * len(self.pools)
+        self.order = [self._shuffled(p) for p in range(len(self.pools))]
+
+    def _shuffled(self, p):
+        return random.Random(self.seed * 1009 + p * 101 + self.epoch[p]).sample(self.pools[p], len(self.pools[p]))
+
+    def take(self, n, it):
+        shares = [n // len(self.pools) + (p < n % len(self.pools)) for p in range(len(self.pools))]
+        out = []
+        for p, k in enumerate(shares):
+            if k > len(self.pools[p]):
+                raise ValueError(f"--prompts_per_iter={n} asks {k} prompts of a data set with {len(self.pools[p])}")
+            if self.pos[p] + k > len(self.pools[p]):     # next epoch, reshuffled
+                self.epoch[p], self.pos[p] = self.epoch[p] + 1, 0
+                self.order[p] = self._shuffled(p)
+            out += self.order[p][self.pos[p]:self.pos[p] + k]
+            self.pos[p] += k
+        return random.Random(self.seed * 7 + it).sample(out, len(out))   # mix the data sets
+
+    def state_dict(self):                             # for checkpoints: two small lists
+        return {"epoch": list(self.epoch), "pos": list(self.pos)}
+
+    def load_state_dict(self, state):
+        self.epoch, self.pos = list(state["epoch"]), list(state["pos"])
+        self.order = [self._shuffled(p) for p in range(len(self.pools))]

@@ -228,13 +228,14 @@ def test_code_template_stdin_or_function():
 
 
 def test_unknown_template_and_chat_without_tokenizer():
-    with pytest.raises(ValueError, match="'fancy'.*plain, dapo, code, chat"):
+    with pytest.raises(ValueError, match="'fancy'.*plain, dapo, code, chat, fewshot"):
         format_prompt(MATH, "fancy")
     with pytest.raises(ValueError, match="tokenizer"):
         format_prompt(MATH, "chat")
 
 
-def test_chat_template_with_a_real_local_tokenizer():
+def chat_tokenizer():
+    """A real tokenizer with a small chat template: <|role|>content<|end|> per turn."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -243,6 +244,11 @@ def test_chat_template_with_a_real_local_tokenizer():
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
     tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return tokenizer
+
+
+def test_chat_template_with_a_real_local_tokenizer():
+    tokenizer = chat_tokenizer()
     for row, base in ((MATH, "dapo"), (CALL, "code")):  # the base instruction, wrapped as one user turn
         assert format_prompt(row, "chat", tokenizer) == f"<|user|>{format_prompt(row, base)}<|end|><|assistant|>"
 
@@ -250,3 +256,96 @@ def test_chat_template_with_a_real_local_tokenizer():
 def test_every_registered_set_has_a_split_and_a_known_builder():
     for name, hub in loaders.HUB.items():
         assert hub.files and hub.fmt in ("parquet", "json", "arrow") and hub.task in ("math", "code"), name
+
+
+# ----------------------------------------------------------------------------- reasoning-gym
+
+RG = "rg:chain_sum?min_terms=2&max_terms=2&min_digits=2&max_digits=2&size=60&test_size=30"
+
+
+def test_rg_rows_schema_sizes_and_ground_truth():
+    train, test = load_problems(RG, "train"), load_problems(RG, "test")
+    assert len(test) == 30 and 60 - loaders.RG_SHOTS <= len(train) <= 60  # the shots are withheld
+    for split, rows in (("train", train), ("test", test)):
+        assert len({r["id"] for r in rows}) == len(rows) and rows[0]["id"] == f"chain_sum-{split}-0"
+        for r in rows:
+            assert {k: r[k] for k in ("task", "source")} == {"task": "rg", "source": RG}
+            gt = json.loads(r["ground_truth"])  # what reward.py's checker needs
+            assert gt["dataset"] == "chain_sum" and gt["entry"]["question"] == r["problem"]
+            assert gt["config"] == {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}
+            assert len(gt["entry"]["metadata"]["expression"].split()) == 3  # "42 - 25": 2 two-digit terms
+    assert len(load_problems(RG, "test", limit=7)) == 7
+
+
+def test_rg_splits_are_disjoint_and_deterministic():
+    train, test = load_problems(RG, "train"), load_problems(RG, "test")
+    shots = {s["problem"] for s in test[0]["shots"]}
+    assert not {r["problem"] for r in train} & {r["problem"] for r in test}
+    assert not shots & ({r["problem"] for r in train} | {r["problem"] for r in test})
+    assert len({r["problem"] for r in test}) == len(test)  # no repeats in the held-out set
+    loaders._rg_split.cache_clear()  # generated again, not served from the cache
+    assert load_problems(RG, "train") == train and load_problems(RG, "test") == test
+    other = load_problems(RG + "&seed=1", "test")
+    assert [r["problem"] for r in other] != [r["problem"] for r in test]
+
+
+def test_rg_small_problem_space_keeps_test_disjoint_or_says_so():
+    # one-digit sums: 200 distinct problems; the test split takes what train leaves over
+    small = "rg:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=1&size=100&test_size=50"
+    train, test = load_problems(small, "train"), load_problems(small, "test")
+    assert len(test) == 50 and not {r["problem"] for r in train} & {r["problem"] for r in test}
+    with pytest.raises(ValueError, match="too few distinct problems"):
+        load_problems("rg:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=1&size=5000", "test")
+
+
+def test_rg_bad_names_and_options_say_what_exists():
+    with pytest.raises(ValueError, match="chain_sum.*products"):  # the registry's names, listed
+        load_problems("rg:chain_sums", "train")
+    with pytest.raises(ValueError, match="'digits=2'.*min_digits"):
+        load_problems("rg:chain_sum?digits=2", "train")
+    with pytest.raises(ValueError, match="refused config"):  # reasoning-gym's own validation
+        load_problems("rg:chain_sum?min_terms=0", "train")
+    with pytest.raises(ValueError, match="splits"):
+        load_problems(RG, "validation")
+    with pytest.raises(ValueError, match="cannot be served"):  # grid answers, tuples lost in JSON
+        load_problems("rg:arc_agi?size=20&test_size=2", "train")
+
+
+def test_rg_missing_package_names_the_install_command(monkeypatch):
+    for module in ("reasoning_gym", "reasoning_gym.factory"):  # imports fail as if not installed
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ModuleNotFoundError, match="pip install reasoning-gym==0.1.25"):
+        load_problems("rg:chain_sum", "train")
+
+
+def test_fewshot_template_takes_its_shots_from_train():
+    tokenizer, test = chat_tokenizer(), load_problems(RG, "test")
+    shots = test[0]["shots"]
+    assert len(shots) == loaders.RG_SHOTS and all(s is shots for s in (r["shots"] for r in test))
+    turns = "".join(f"<|user|>{s['problem']}<|end|><|assistant|>Answer: {s['answer']}<|end|>"
+                    for s in shots[:2])
+    want = f"{turns}<|user|>{test[3]['problem']}<|end|><|assistant|>"
+    assert format_prompt(test[3], "fewshot", tokenizer) == want
+    assert format_prompt(test[3], "fewshot:5", tokenizer).count("Answer: ") == 5
+    # the shots are train-split problems: generated by the train seed, withheld from the train rows
+    train_seed = loaders._rg_parse(RG)[2]
+    import reasoning_gym
+    made = {e["question"] for e in reasoning_gym.create_dataset(
+        "chain_sum", min_terms=2, max_terms=2, min_digits=2, max_digits=2, seed=train_seed, size=60)}
+    assert {s["problem"] for s in shots} <= made
+    assert not {s["problem"] for s in shots} & {r["problem"] for r in test}
+    # the shots' answer line is exactly what reward.py extracts
+    import reward
+    assert all(reward.extract_answer(f"Answer: {s['answer']}") == s["answer"] for s in shots)
+
+
+def test_fewshot_template_refuses_rows_without_enough_shots():
+    tokenizer, row = chat_tokenizer(), load_problems(RG, "test")[0]
+    with pytest.raises(ValueError, match="shots"):
+        format_prompt(MATH, "fewshot", tokenizer)
+    with pytest.raises(ValueError, match="at least 99 shots"):
+        format_prompt(row, "fewshot:99", tokenizer)
+    with pytest.raises(ValueError, match="tokenizer"):
+        format_prompt(row, "fewshot")
+    want = f"<|user|>{row['problem']}{loaders.RG_SUFFIX}<|end|><|assistant|>"  # zero-shot: the instruction
+    assert format_prompt(row, "chat", tokenizer) == want

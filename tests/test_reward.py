@@ -1,5 +1,6 @@
 """
-Tests for reward.py: real math-verify workers, real sandboxes, real files and sockets.
+Tests for reward.py: real math-verify workers, real reasoning-gym checkers, real sandboxes,
+real files and sockets.
 
     python -m pytest tests/test_reward.py -q
 
@@ -54,6 +55,16 @@ def test_math_equivalent_forms_score_one():
     assert reward.score("math", [c for c, _ in cases], [g for _, g in cases]) == [1.0] * len(cases)
 
 
+def test_math_latex_parser_is_installed_and_used():
+    # These need math-verify's LaTeX parser (latex2sympy2_extended on the ANTLR 4.13.2 runtime,
+    # pinned in requirements.txt): without it the answers do not parse and score 0.
+    from importlib.metadata import version
+    assert version("antlr4-python3-runtime") == "4.13.2"
+    assert reward.math_reward("\\boxed{\\frac{1}{2}}", "0.5") == 1.0
+    assert reward.math_reward("so \\boxed{\\sqrt{12}}", "2\\sqrt{3}") == 1.0
+    assert reward.math_reward("\\boxed{\\sqrt{12}}", "3\\sqrt{2}") == 0.0
+
+
 def test_math_wrong_missing_and_last_answer():
     cases = [("\\boxed{57}", "56"), ("\\boxed{[1, 2]}", "[1, 2)"), ("I think it is 56", "56"),
              ("", "56"), ("\\boxed{56} wait, no: \\boxed{57}", "56"), ("Answer: 5\nAnswer: 6", "5"),
@@ -91,10 +102,73 @@ def test_math_stuck_worker_is_killed_and_replaced():
     pids = {w.proc.pid for w in reward._workers}
     t = time.monotonic()
     slow = "\\left(\\frac{3}{2}\\right)^{10^{8}} - 1"
-    assert reward._verdict("1", slow, 0.5) == 0.0
+    assert reward._verdict("math", "1", slow, 0.5) == 0.0
     assert time.monotonic() - t < 1.5
     assert pids != {w.proc.pid for w in reward._workers}  # one was replaced
     assert reward.score("math", ["\\boxed{7}"] * 4, ["7"] * 4) == [1.0] * 4  # pool still works
+
+
+# ------------------------------------------------------------------------ reasoning-gym
+def rg_rows(spec="rg:chain_sum?min_terms=2&max_terms=2&min_digits=2&max_digits=2&size=20&test_size=5"):
+    from data.loaders import load_problems
+    return load_problems(spec, "test")
+
+
+def test_rg_right_wrong_and_partial_credit():
+    rows = rg_rows()
+    answers = [json.loads(r["ground_truth"])["entry"]["answer"] for r in rows]
+    right = [f"Sure.\nAnswer: {a}" for a in answers]
+    wrong = [f"Answer: {int(a) + 1}" for a in answers]
+    partial = [f"Answer: {a} apples" for a in answers]  # reasoning-gym gives this partial credit
+    gts = [r["ground_truth"] for r in rows]
+    assert reward.score("rg", right + wrong + partial, gts * 3) == [1.0] * len(rows) + [0.0] * 2 * len(rows)
+    assert reward.rg_reward(f"\\boxed{{{answers[0]}}}", gts[0]) == 1.0  # extract_answer, as for math
+
+
+def test_rg_garbage_never_raises():
+    gt = rg_rows()[0]["ground_truth"]
+    junk = [None, 3, "\ud800", "", "Answer:", "Answer: \ud800", "\0" * 100, "Answer: " + "9" * 10_000]
+    assert reward.score("rg", junk, [gt] * len(junk)) == [0.0] * len(junk)
+
+
+def test_rg_hanging_checker_is_killed_in_time():
+    # intermediate_integration's checker hands the answer to sympy, which computes 9**9**9 in C
+    # for minutes: only killing the worker stops it.
+    gt = rg_rows("rg:intermediate_integration?size=10&test_size=1")[0]["ground_truth"]
+    answer = json.loads(gt)["entry"]["answer"]
+    assert reward.rg_reward(f"Answer: {answer}", gt) == 1.0  # worker up, checker imported
+    t = time.monotonic()
+    got = reward.score("rg", ["Answer: x**(9**9**9)", f"Answer: {answer}"], [gt, gt], timeout=2.0)
+    assert got == [0.0, 1.0]
+    assert time.monotonic() - t < 8
+    assert reward.rg_reward(f"Answer: {answer}", gt) == 1.0  # the replacement works
+
+
+def test_rg_identical_answers_are_judged_once(monkeypatch):
+    gt = rg_rows()[0]["ground_truth"]
+    a = int(json.loads(gt)["entry"]["answer"])
+    calls = []
+    real = reward._verdict
+    monkeypatch.setattr(reward, "_verdict", lambda *args: calls.append(args) or real(*args))
+    got = reward.score("rg", [f"Answer: {a}", f"thinking...\nAnswer: {a}", f"Answer: {a + 1}"] * 4, [gt] * 12)
+    assert got == [1.0, 1.0, 0.0] * 4 and len(calls) == 2
+
+
+def test_rg_malformed_ground_truth_raises():
+    for bad in ["not json", json.dumps({"dataset": "chain_sum"}), 7, None]:
+        with pytest.raises(ValueError, match="malformed reasoning-gym ground truth"):
+            reward.score("rg", ["Answer: 1"], [bad])
+
+
+def test_worker_pool_is_shared_by_the_ranks_of_a_node(monkeypatch):
+    # under `accelerate launch` each of LOCAL_WORLD_SIZE ranks scores at once on the same cores
+    reward.close()
+    monkeypatch.setattr(reward.os, "sched_getaffinity", lambda pid: set(range(8)))
+    for local_world, expected in (("4", 2), ("16", 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+        assert reward.score("math", ["\\boxed{1}"], ["1"]) == [1.0]
+        assert len(reward._workers) == expected
+        reward.close()
 
 
 # ------------------------------------------------------------------------------------ code
@@ -261,7 +335,7 @@ def test_fallback_without_bwrap_still_isolates_network_and_environment(
 
 # ------------------------------------------------------------------------ configuration
 def test_bad_configuration_raises_value_error_naming_the_value():
-    with pytest.raises(ValueError, match="'chess'"):
+    with pytest.raises(ValueError, match="'chess'.*'rg'"):
         reward.score("chess", ["x"], ["y"])
     for bad in ["not json {", {"inputs": ["1"]}, {"inputs": ["1"], "outputs": []},
                 {"inputs": [], "outputs": []}, {"inputs": [[1]], "outputs": [1], "fn_name": 3}, 7]:

