@@ -1,68 +1,116 @@
 """
-The paper's comparison at toy scale (issue #7): every cell of the Divergence x Estimator grid and
-every baseline, several seeds each, tabulated like the paper's Table 1.
+The paper's comparison at toy scale, with statistics: every cell of the Divergence x Estimator grid
+and every baseline, several paired seeds each, each method's avg@8 difference against tv-mc (GRPO)
+with a 95% interval, and the paper's orderings checked one by one.
 
-    bash run.sh sweep                                   # 20 methods x seeds 0,1,2, resumable
-    bash run.sh sweep --dry_run                         # list what would run, run nothing
-    bash run.sh sweep --only grpo,kl-atomic --seeds 0 --iters 2    # any train.py flag passes through
-    bash run.sh sweep --jobs 2                          # two runs at once, --threads 1 each
-    bash run.sh sweep --publish                         # also copy the outputs to bench/results/sweep/
+    bash run.sh sweep --dry_run                                   # list what would run, run nothing
+    bash run.sh sweep --seeds 0-4 --only grpo,dapo,dppo,ripo,kl-atomic,drpo,dgpo   # 5 seeds of these
+    bash run.sh sweep --seeds 0-2                                 # then 3 seeds of everything
+    bash run.sh sweep --jobs 2 --publish                          # two at a time; copy to bench/results/sweep/
+    bash run.sh sweep --only grpo,kl-atomic --seeds 0 --iters 2   # any train.py flag passes through
 
 Writes into --out (out/sweep/): <method>-seed<s>/ per run (train.py's folder, its train.log and
-result.json), table.md, sweep.json, dynamics.png and regions.png. Paths are relative to the
-repository root, as in run.sh.
+result.json), eval_start.json, table.md, sweep.json, dynamics.png, clip_by_mu.png, regions.png and
+invocations.jsonl. Paths are relative to the repository root, as in run.sh.
 
 Choices:
-1. One `train.py` subprocess per (method, seed), all with the same flags: no per-cell tuning, and
-   delta calibrated per divergence by gppo.default_delta (mc's lower bound at 0.8), as in the
-   paper. The flags the sweep sets itself (--objective, --divergence, --estimator, --delta, --seed,
-   --out_dir, --eval_data) are refused as pass-through, so no cell can get its own.
-2. Resumable: a finished run writes result.json atomically (tmp + os.replace) and is skipped next
-   time; a run folder without one is wiped and redone (train.py appends to metrics.jsonl). A
-   finished run with other settings than this invocation's is an error, not a silent mix.
-3. --jobs K runs K at once, each with --threads 1 unless --threads is given: on 2 cores two
-   single-threaded runs can beat one two-threaded run (the tiny matmuls scale poorly). Thread
-   count is not part of a run's settings.
-4. The table gives mean +- sample std (n - 1) over seeds, and the difference of means against
-   tv-mc (GRPO), the paper's baseline cell. Every seed uses the same data order and sampling seeds
-   in every cell.
-5. The warm-start row is <data_dir>/eval_start.json (run.sh writes it), else eval.py is run once
-   into <out>/eval_start.json with the same k and response length as the runs' evaluation.
+1. One `train.py` subprocess per (method, seed), all at train.py's defaults plus the same
+   pass-through flags: no per-cell tuning, delta calibrated per divergence (gppo.default_delta).
+   Method names are gppo's: baselines run as `--method NAME`, cells as --divergence/--estimator,
+   and --only accepts gppo.METHODS' names (grpo = tv-mc, ...). The flags the sweep sets itself
+   (--method, --objective, --divergence, --estimator, --delta, --seed, --out_dir, --eval_data) are
+   refused as pass-through, so no cell can get its own.
+2. Paired seeds: train.py seeds data order, sampling and init by --seed alone, so seed s of every
+   method starts from the same model and samples the same first iteration. Methods are compared on
+   the seeds both finished: the per-seed difference cancels what the seed does to both.
+3. 95% intervals are Student t intervals of the paired differences. Not a bootstrap: at 3-5 seeds
+   a percentile bootstrap has a handful of distinct resamples (10 at n = 3), its interval never
+   leaves the range of the data, and it ignores that the spread is itself estimated from n points,
+   so it covers far less than 95%. The t interval is exact for normal differences and honest about
+   n: at n = 3 its half-width is 2.5 standard deviations of the differences. "Distinguishable" means
+   the interval excludes 0. The intervals are per comparison, not corrected for the many made.
+4. Resumable: a finished run writes result.json atomically (tmp + os.replace) and is skipped next
+   time; a run folder without one is wiped and redone (train.py appends to metrics.jsonl). The
+   table uses every finished run in --out, whatever --seeds/--only this invocation had, so the
+   sweep can be run in pieces with different seed sets per method (each row states its n).
+5. A run's settings are train.py's *resolved* flags (its parse_args), so a changed default is seen
+   as well as a changed flag. A finished run with other settings is an error, not a silent mix;
+   flags only one side knows (train.py gained or lost one) are not compared.
+6. --jobs K runs K at once, each with --threads 1 unless --threads is given: on 2 cores two
+   single-threaded runs can beat one two-threaded run. Thread count is not part of the settings.
+7. The warm-start row is eval.py on the start model once per --out (eval_start.json), with the
+   runs' evaluation settings (k, response length, context, template, backend, dtype).
 """
-import argparse, json, os, platform, shutil, statistics, subprocess, sys, time
+import argparse, glob, json, math, os, platform, shutil, statistics, subprocess, sys, time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import gppo  # noqa: E402
+import train  # noqa: E402  (import does no work: parse_args is all the sweep uses)
 
 EVAL_SETS = ("tiny-math", "tiny-code")
-# methods named by the paper, as in run.sh's case
-ALIASES = {"grpo": "tv-mc", "ppo": "tv-mc", "dapo": "kl-mc", "dppo": "tv-binary", "ripo": "chi2-atomic"}
-LABELS = {"tv-mc": "GRPO / PPO", "kl-mc": "DAPO", "tv-binary": "DPPO", "chi2-atomic": "RIPO"}
 REFERENCE = "tv-mc"
-OWNED = ("--objective", "--divergence", "--estimator", "--delta", "--seed", "--out_dir", "--eval_data")
+# table labels of the named cells, from gppo.METHODS: tv-mc -> "GRPO / PPO", kl-mc -> "DAPO", ...
+LABELS = {"-".join(cell): " / ".join(n.upper() for n, c in gppo.METHODS.items() if c == cell)
+          for cell in gppo.METHODS.values()}
+OWNED = ("--method", "--objective", "--divergence", "--estimator", "--delta", "--seed", "--out_dir", "--eval_data")
+# train.py flags that are not a run's settings: set per run by the sweep, or not changing what it computes
+NOT_SETTINGS = {"method", "objective", "divergence", "estimator", "delta", "cell", "seed", "out_dir",
+                "threads", "sample_every", "wandb", "ckpt_every", "keep_last", "eval_before"}
+# the paper's Table 1 (GPPO.md section 8), avg@8 in %: (math, code)
+PAPER = {"tv-mc": (27.7, 52.4), "tv-binary": (39.0, 53.8), "tv-atomic": (36.3, 54.9),
+         "hellinger-mc": (31.8, 54.4), "hellinger-binary": (35.4, 55.9), "hellinger-atomic": (36.9, 58.1),
+         "chi2-mc": (27.7, 52.4), "chi2-binary": (34.8, 54.8), "chi2-atomic": (40.5, 57.2),
+         "kl-mc": (34.6, 54.3), "kl-binary": (37.2, 55.9), "kl-atomic": (41.5, 59.7),
+         "gspo": (35.1, 53.7), "gmpo": (35.1, 54.4), "sapo": (35.0, 53.5), "cispo": (30.5, 51.3),
+         "clip_cov": (31.5, 53.0)}
+# Student t quantiles t(0.975, df) for df = 1..30, the two-sided 95% critical values of any standard
+# table (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2); scipy is not a
+# dependency. tests/test_sweep.py checks each against the t CDF integrated numerically. Beyond
+# df = 30 the df = 30 value is used: slightly wide (the limit is 1.960), never too narrow.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
 
 
 def methods():
     """(name, train.py flags) of every baseline, then every grid cell grouped by divergence."""
-    out = [(b, ["--objective", b]) for b in gppo.BASELINES]
+    out = [(b, ["--method", b]) for b in gppo.BASELINES]
     out += [(f"{d}-{e}", ["--objective", "gppo", "--divergence", d, "--estimator", e])
             for d in gppo.DIVERGENCES for e in gppo.ESTIMATORS]
     return out
 
 
+def cell_of(name):
+    """A method name as the sweep names its runs: gppo.METHODS' names (grpo, dapo, ...) -> their cell."""
+    name = name.strip().lower()
+    return "-".join(gppo.METHODS[name]) if name in gppo.METHODS else name
+
+
 def select(only):
-    """Method names of --only (aliases allowed), in table order; all when empty."""
+    """Method names of --only, in table order; all when empty."""
     names = [n for n, _ in methods()]
     if not only:
         return names
-    want = {ALIASES.get(w.strip().lower(), w.strip().lower()) for w in only.split(",") if w.strip()}
+    want = {cell_of(w) for w in only.split(",") if w.strip()}
     unknown = sorted(want - set(names))
     if unknown:
-        raise SystemExit(f"unknown --only {unknown}; accepted: {', '.join(names + list(ALIASES))}")
+        raise SystemExit(f"unknown --only {unknown}; accepted: {', '.join(names + list(gppo.METHODS))}")
     return [n for n in names if n in want]
+
+
+def parse_seeds(text):
+    """'0-4' or '0,1,2' or '0-2,7' -> sorted distinct seeds."""
+    seeds = set()
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        lo, _, hi = part.partition("-")
+        seeds.update(range(int(lo), int(hi or lo) + 1))
+    if not seeds:
+        raise SystemExit(f"--seeds {text!r}: no seeds")
+    return sorted(seeds)
 
 
 def split_passthrough(extra):
@@ -80,6 +128,27 @@ def split_passthrough(extra):
             flags.append(extra[i])
         i += 1
     return flags, threads
+
+
+def make_settings(model, data_dir, flags):
+    """What every run of this invocation computes with: the pass-through flags and train.py's
+    resolved flags (defaults included; choice 5), as JSON values."""
+    try:
+        a = vars(train.parse_args(["--model", model, "--data_dir", data_dir, "--eval_data", ",".join(EVAL_SETS),
+                                   *flags]))
+    except ValueError as e:
+        raise SystemExit(f"train.py refuses these flags: {e}")
+    return dict(model=model, data_dir=data_dir, train_flags=flags,
+                train_args=json.loads(json.dumps({k: v for k, v in a.items() if k not in NOT_SETTINGS})))
+
+
+def changed(old, new):
+    """How a finished run's settings (old) differ from this invocation's (new): train.py's resolved
+    flags compared on the keys both know."""
+    if "train_args" not in old:
+        return ["made before the sweep recorded train.py's resolved flags"]
+    a, b = old["train_args"], new["train_args"]
+    return [f"--{k} {a[k]!r} (now {b[k]!r})" for k in sorted(a.keys() & b.keys()) if a[k] != b[k]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -105,15 +174,24 @@ def load_result(out, name, seed):
         return None
 
 
+def finished(out, names):
+    """Every finished run in `out` of the methods `names`, at any seed, in table then seed order."""
+    found = []
+    for name in names:
+        dirs = glob.glob(os.path.join(glob.escape(out), f"{name}-seed*"))
+        seeds = sorted(int(s) for d in dirs if (s := d.rsplit("-seed", 1)[1]).isdigit())
+        found += [r for s in seeds if (r := load_result(out, name, s)) is not None]
+    return found
+
+
 def plan(out, names, seeds, settings, all_names=None):
     """[(name, seed, status)], status 'run', 'redo' (folder without result.json) or 'done'.
-    Raises if any finished run of `all_names` x `seeds` was made with other settings."""
-    for name in all_names or names:
-        for s in seeds:
-            res = load_result(out, name, s)
-            if res is not None and res["settings"] != settings:
-                raise SystemExit(f"{run_dir(out, name, s)} finished with other settings:\n  {res['settings']}\n"
-                                 f"not\n  {settings}\nuse another --out or delete it")
+    Raises if any finished run in `out` of `all_names` (any seed) was made with other settings."""
+    for res in finished(out, all_names or names):
+        diff = changed(res["settings"], settings)
+        if diff:
+            raise SystemExit(f"{run_dir(out, res['name'], res['seed'])} finished with other settings: "
+                             f"{'; '.join(diff)}\nuse another --out or delete it")
     rows = []
     for name in names:
         for s in seeds:
@@ -122,18 +200,6 @@ def plan(out, names, seeds, settings, all_names=None):
             else:
                 rows.append((name, s, "redo" if os.path.isdir(run_dir(out, name, s)) else "run"))
     return rows
-
-
-def parse_eval(text):
-    """The last `{"eval": {...}}` line train.py printed, or None."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith('{"eval"'):
-            try:
-                return json.loads(line)["eval"]
-            except json.JSONDecodeError:
-                continue
-    return None
 
 
 def read_metrics(path):
@@ -158,14 +224,18 @@ def run_one(name, flags, seed, out, settings, threads):
     with open(os.path.join(d, "train.log"), "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
     wall = time.time() - t0
-    text = Path(d, "train.log").read_text(errors="replace")
-    ev = parse_eval(text)
-    metrics_path = os.path.join(d, "metrics.jsonl")
-    if rc != 0 or ev is None or not os.path.exists(metrics_path):
+    k = settings["train_args"]["eval_k"]
+    try:                                          # train.py's final evaluation, {"avg@k": {set: %}, ...}
+        with open(os.path.join(d, "eval.json")) as f:
+            ev = json.load(f)[f"avg@{k}"]
+        hist = read_metrics(os.path.join(d, "metrics.jsonl"))
+    except (OSError, KeyError, json.JSONDecodeError):
+        ev = hist = None
+    if rc != 0 or not ev or not hist:
+        text = Path(d, "train.log").read_text(errors="replace")
         print(f"FAILED {name} seed {seed} (exit {rc}); last lines of {d}/train.log:\n" +
               "\n".join(text.splitlines()[-15:]), flush=True)
         return None
-    hist = read_metrics(metrics_path)
     res = dict(name=name, seed=seed, settings=settings, threads=threads, cmd=cmd[1:], eval=ev,
                final=hist[-1], iters=len(hist), wall_s=wall,
                iter_s_mean=statistics.mean(h["time_iter_s"] for h in hist),
@@ -175,7 +245,7 @@ def run_one(name, flags, seed, out, settings, threads):
 
 
 # ----------------------------------------------------------------------------------------------
-# aggregation and the table
+# statistics (choices 2-3)
 
 def mean_std(xs):
     """(mean, sample std) of xs; std None for fewer than 2 values, both None for none."""
@@ -185,26 +255,98 @@ def mean_std(xs):
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
-def aggregate(results, names):
-    """{name: row} over seeds: n, mean/std of each eval set, final entropy and reward, and the
-    difference of means against tv-mc."""
+def paired(a, b):
+    """The paired difference a - b over the seeds both have ({seed: value} each): (n, mean, lo, hi),
+    lo..hi its 95% t interval (None below 2 seeds; everything None with no common seed)."""
+    d = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
+    if not d:
+        return 0, None, None, None
+    m = statistics.mean(d)
+    if len(d) < 2:
+        return 1, m, None, None
+    half = T975[min(len(d) - 1, len(T975)) - 1] * statistics.stdev(d) / math.sqrt(len(d))
+    return len(d), m, m - half, m + half
+
+
+def distinguishable(lo, hi):
+    """Is the difference distinguishable from zero: does its 95% interval exclude 0?"""
+    return lo is not None and (lo > 0 or hi < 0)
+
+
+def verdict(n, mean, lo, hi):
+    """The rule of the orderings table for a claim "a above b", from the paired a - b."""
+    if lo is None:
+        return "undecided (n < 2)"
+    if lo == hi == 0:
+        return "tie: identical on every seed"
+    if lo > 0:
+        return "reproduced"
+    return "not reproduced (reversed)" if hi < 0 else "undecided"
+
+
+def by_seed(results):
+    """{name: {seed: result}}"""
+    runs = {}
+    for r in results:
+        runs.setdefault(r["name"], {})[r["seed"]] = r
+    return runs
+
+
+def scores(runs_of, key):
+    """{seed: avg@k on eval set `key`} of one method's runs."""
+    return {s: r["eval"][key] for s, r in runs_of.items() if r["eval"].get(key) is not None}
+
+
+def aggregate(results, names, warm=None):
+    """{name: row}: n and seeds; per eval set (and "all") mean/std, the paired difference against
+    tv-mc (n, mean, 95% interval, per seed) and the gain of the mean over the warm start; the last
+    iteration's entropy and reward."""
+    runs = by_seed(results)
+    ref = runs.get(REFERENCE, {})
     rows = {}
     for name in names:
-        rs = [r for r in results if r["name"] == name]
-        row = {"n": len(rs), "seeds": sorted(r["seed"] for r in rs)}
-        for key in EVAL_SETS:
-            row[key] = mean_std([r["eval"].get(key) for r in rs])
-        row["entropy"] = mean_std([r["final"].get("entropy") for r in rs])
-        row["reward"] = mean_std([r["final"].get("reward_mean") for r in rs])
-        row["wall_s"] = mean_std([r["wall_s"] for r in rs])
+        rs = runs.get(name, {})
+        row = {"n": len(rs), "seeds": sorted(rs)}
+        for key in EVAL_SETS + ("all",):
+            mine, theirs = scores(rs, key), scores(ref, key)
+            row[key] = mean_std(mine.values())
+            n, m, lo, hi = paired(mine, theirs)
+            row["vs_ref_" + key] = dict(n=n, mean=m, lo=lo, hi=hi, distinguishable=distinguishable(lo, hi),
+                                        per_seed={s: mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())})
+            w = (warm or {}).get(key)
+            row["gain_" + key] = None if w is None or row[key][0] is None else row[key][0] - w
+        row["entropy"] = mean_std([r["final"].get("entropy") for r in rs.values()])
+        row["reward"] = mean_std([r["final"].get("reward_mean") for r in rs.values()])
+        row["wall_s"] = mean_std([r["wall_s"] for r in rs.values()])
         rows[name] = row
-    ref = rows.get(REFERENCE) or aggregate(results, [REFERENCE])[REFERENCE]
-    for row in rows.values():
-        for key in EVAL_SETS:
-            m, r = row[key][0], ref[key][0]
-            row["delta_" + key] = None if m is None or r is None else m - r
     return rows
 
+
+def claims(names):
+    """The paper's orderings as (claim, a, b), each meaning "a above b"."""
+    divs, ests = list(gppo.DIVERGENCES), list(gppo.ESTIMATORS)
+    out = [(f"{e} above mc", f"{d}-{e}", f"{d}-mc") for e in ("atomic", "binary") for d in divs]
+    out += [("curvature above tv", f"{d}-{e}", f"tv-{e}") for e in ests for d in divs if d != "tv"]
+    return out + [("kl-atomic best", "kl-atomic", n) for n in names if n != "kl-atomic"]
+
+
+def orderings(results, names):
+    """Every claim whose two methods have finished runs: the paper's difference and ours, paired."""
+    runs, out = by_seed(results), []
+    for claim, a, b in claims(names):
+        if not runs.get(a) or not runs.get(b):
+            continue
+        row = dict(claim=claim, a=a, b=b,
+                   paper=[x - y for x, y in zip(PAPER[a], PAPER[b])] if a in PAPER and b in PAPER else None)
+        for key in EVAL_SETS:
+            n, m, lo, hi = paired(scores(runs[a], key), scores(runs[b], key))
+            row[key] = dict(n=n, mean=m, lo=lo, hi=hi, verdict=verdict(n, m, lo, hi))
+        out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the tables
 
 def _ms(ms, digits=1):
     m, s = ms
@@ -213,28 +355,71 @@ def _ms(ms, digits=1):
     return f"{m:.{digits}f}" if s is None else f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
-def _delta(x):
-    return "-" if x is None else f"{x:+.1f}"
+def _ci(p, n_row=None):
+    """'+3.1 [-0.4, +6.6]', '✱' when distinguishable, '(n=3)' when fewer seeds paired than the row has."""
+    if p["mean"] is None:
+        return "-"
+    s = f"{p['mean']:+.1f} " + ("[n < 2]" if p["lo"] is None else f"[{p['lo']:+.1f}, {p['hi']:+.1f}]")
+    if distinguishable(p["lo"], p["hi"]):
+        s += " ✱"
+    return s + (f" (n={p['n']})" if n_row is not None and p["n"] != n_row else "")
 
 
-def format_table(rows, k, n_seeds, warm=None):
-    """Markdown table shaped like the paper's Table 1 (baselines, then the grid by divergence)."""
-    head = (f"| method | seeds | tiny-math avg@{k} | Δ vs GRPO | tiny-code avg@{k} | Δ vs GRPO | "
-            f"entropy, last iter | train reward, last iter |")
-    lines = [head, "|" + "---|" * 8]
+def _label(name):
+    return f"{name} ({LABELS[name]})" if name in LABELS else name
+
+
+def format_table(rows, k, warm=None):
+    """One row per method, the reference first: n, avg@k mean ± std, paired Δ against it with its 95%
+    interval, gain over the warm start, and the last iteration's entropy and train reward."""
+    lines = [f"| method | n | tiny-math avg@{k} | Δ math vs GRPO [95% CI] | tiny-code avg@{k} | "
+             f"Δ code vs GRPO [95% CI] | gain over warm start, math / code | entropy, last iter | "
+             f"train reward, last iter |", "|" + "---|" * 9]
     if warm is not None:
         lines.append(f"| warm start (before RL) | - | {warm.get('tiny-math', 0):.1f} | - | "
-                     f"{warm.get('tiny-code', 0):.1f} | - | - | - |")
-    for name, row in rows.items():
-        label = f"{name} ({LABELS[name]})" if name in LABELS else name
-        if name == REFERENCE:
-            label = f"**{label}**"
+                     f"{warm.get('tiny-code', 0):.1f} | - | - | - | - |")
+    for name in sorted(rows, key=lambda n: n != REFERENCE):      # stable: the reference, then table order
+        row = rows[name]
         if row["n"] == 0:
-            lines.append(f"| {label} | 0/{n_seeds} | not run | | | | | |")
+            lines.append(f"| {_label(name)} | 0 | not run | | | | | | |")
             continue
-        lines.append(f"| {label} | {row['n']}/{n_seeds} | {_ms(row['tiny-math'])} | {_delta(row['delta_tiny-math'])} | "
-                     f"{_ms(row['tiny-code'])} | {_delta(row['delta_tiny-code'])} | "
-                     f"{_ms(row['entropy'], 3)} | {_ms(row['reward'], 3)} |")
+        gain = " / ".join("-" if row["gain_" + key] is None else f"{row['gain_' + key]:+.1f}" for key in EVAL_SETS)
+        deltas = ["reference" if name == REFERENCE else _ci(row["vs_ref_" + key], row["n"]) for key in EVAL_SETS]
+        label = f"**{_label(name)}**" if name == REFERENCE else _label(name)
+        lines.append(f"| {label} | {row['n']} | {_ms(row['tiny-math'])} | {deltas[0]} | {_ms(row['tiny-code'])} | "
+                     f"{deltas[1]} | {gain} | {_ms(row['entropy'], 3)} | {_ms(row['reward'], 3)} |")
+    return "\n".join(lines) + "\n"
+
+
+def format_per_seed(rows):
+    """Each method's difference against the reference on every seed, math / code."""
+    seeds = sorted({s for row in rows.values() for s in row["seeds"]})
+    lines = ["| method | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|" + "---|" * (len(seeds) + 1)]
+    for name, row in rows.items():
+        if name == REFERENCE or row["n"] == 0:
+            continue
+        cells = []
+        for s in seeds:
+            d = [row["vs_ref_" + key]["per_seed"].get(s) for key in EVAL_SETS]
+            cells.append("-" if None in d else " / ".join(f"{x:+.1f}" for x in d))
+        lines.append(f"| {_label(name)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_orderings(orders):
+    """The paper's orderings: one row per comparison, then a count of verdicts per claim."""
+    lines = ["| claim | a − b | paper Δ math / code | n | Δ math [95% CI] | math | Δ code [95% CI] | code |",
+             "|" + "---|" * 8]
+    for o in orders:
+        paper = "-" if o["paper"] is None else " / ".join(f"{x:+.1f}" for x in o["paper"])
+        n = sorted({o[key]["n"] for key in EVAL_SETS})
+        lines.append(f"| {o['claim']} | {o['a']} − {o['b']} | {paper} | {'/'.join(map(str, n))} | "
+                     + " | ".join(f"{_ci(o[key])} | {o[key]['verdict']}" for key in EVAL_SETS) + " |")
+    lines.append("")
+    for claim in dict.fromkeys(o["claim"] for o in orders):
+        counts = [(key, Counter(o[key]["verdict"] for o in orders if o["claim"] == claim)) for key in EVAL_SETS]
+        lines.append(f"- {claim}: " + "; ".join(f"{key}: " + ", ".join(f"{v} {c}" for v, c in cnt.items())
+                                                for key, cnt in counts))
     return "\n".join(lines) + "\n"
 
 
@@ -253,35 +438,50 @@ def machine(threads, jobs):
 
 
 # ----------------------------------------------------------------------------------------------
-# figures
+# figures: dynamics with a min-max band over seeds, and where each region clips by mu
 
-def plot_dynamics(out, names, seeds, path):
-    """Reward and entropy against iteration, mean over seeds: one column per divergence (its three
-    estimators) and one for the baselines; tv-mc (GRPO) dashed grey in every other column."""
+def histories(out, results):
+    """{name: [metrics rows of each finished seed]}"""
+    hists = {}
+    for r in results:
+        hists.setdefault(r["name"], []).append(read_metrics(os.path.join(run_dir(out, r["name"], r["seed"]),
+                                                                         "metrics.jsonl")))
+    return hists
+
+
+def curves(hists):
+    """{name: {metric: {"mean", "min", "max"} over seeds, per iteration}} of reward and entropy,
+    over the iterations every seed reached."""
+    out = {}
+    for name, hs in hists.items():
+        n = min(len(h) for h in hs)
+        out[name] = {key: {stat: [f([h[i][key] for h in hs]) for i in range(n)]
+                           for stat, f in (("mean", statistics.mean), ("min", min), ("max", max))}
+                     for key in ("reward_mean", "entropy")}
+    return out
+
+
+def plot_dynamics(curv, path):
+    """Reward and entropy against iteration, mean over seeds with a min-max band: one column per
+    divergence (its three estimators) and one for the baselines; tv-mc dashed grey in the others."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {}
-    for name in names:
-        hists = [read_metrics(os.path.join(run_dir(out, name, s), "metrics.jsonl")) for s in seeds
-                 if load_result(out, name, s) is not None]
-        if hists:
-            n = min(len(h) for h in hists)     # iterations every seed reached
-            curves[name] = {key: [statistics.mean(h[i][key] for h in hists) for i in range(n)]
-                            for key in ("reward_mean", "entropy")}
     groups = [("baselines", list(gppo.BASELINES))] + \
              [(d, [f"{d}-{e}" for e in gppo.ESTIMATORS]) for d in gppo.DIVERGENCES]
     fig, axes = plt.subplots(2, len(groups), figsize=(3.2 * len(groups), 5.6), sharex=True, sharey="row")
     for j, (title, members) in enumerate(groups):
         for i, key in enumerate(("reward_mean", "entropy")):
             ax = axes[i, j]
-            if REFERENCE in curves and REFERENCE not in members:
-                ax.plot(range(1, len(curves[REFERENCE][key]) + 1), curves[REFERENCE][key],
+            if REFERENCE in curv and REFERENCE not in members:
+                ax.plot(range(1, len(curv[REFERENCE][key]["mean"]) + 1), curv[REFERENCE][key]["mean"],
                         color="grey", ls="--", lw=1, label="tv-mc (GRPO)")
             for c, m in enumerate(members):     # one colour per estimator in every column
-                if m in curves:
-                    ax.plot(range(1, len(curves[m][key]) + 1), curves[m][key], lw=1.3, color=f"C{c}",
+                if m in curv:
+                    band, x = curv[m][key], range(1, len(curv[m][key]["mean"]) + 1)
+                    ax.fill_between(x, band["min"], band["max"], color=f"C{c}", alpha=0.15, lw=0)
+                    ax.plot(x, band["mean"], lw=1.3, color=f"C{c}",
                             label=m.split("-", 1)[1] if title != "baselines" else m)
             ax.grid(alpha=0.3)
             if i == 0:
@@ -289,68 +489,192 @@ def plot_dynamics(out, names, seeds, path):
                 ax.legend(fontsize=7)
             else:
                 ax.set_xlabel("iteration")
-        axes[0, 0].set_ylabel("train reward (mean)")
-        axes[1, 0].set_ylabel("entropy (nats/token)")
-    fig.suptitle(f"reward and entropy, mean over seeds {','.join(map(str, seeds))}")
+    axes[0, 0].set_ylabel("train reward (mean)")
+    axes[1, 0].set_ylabel("entropy (nats/token)")
+    fig.suptitle("reward and entropy: mean over seeds (line) and min-max over seeds (band)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return curves
 
 
-def warm_start(settings, out, k):
-    """avg@k of the warm-start model: <data_dir>/eval_start.json (run.sh's, at eval.py's defaults)
-    unless the runs change how they evaluate, else eval.py once into <out> with the runs' flags."""
-    ep = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--max_new_tokens", "--max_model_len", "--backend", "--template"):
-        ep.add_argument(flag)
-    same, _ = ep.parse_known_args(settings["train_flags"])
-    path = os.path.join(out, "eval_start.json")
-    default_eval = all(v is None for v in vars(same).values())
-    for p in ([os.path.join(settings["data_dir"], "eval_start.json")] if default_eval else []) + [path]:
-        if os.path.exists(p):
-            with open(p) as f:
-                got = json.load(f).get(f"avg@{k}")
-            if got is not None:
-                return got, p
+def clip_by_mu(hists):
+    """{name: {"token", "clip", "clip_min", "clip_max", "n"}}, each a list over the mu buckets
+    (gppo.MU_EDGES): a run's token share is its mean over iterations; its clipped share of a
+    bucket pools the iterations (weighted by the bucket's token share in each, so an iteration with
+    no token in the bucket does not count as 0% clipped); then mean, min and max over seeds."""
+    out = {}
+    for name, hs in hists.items():
+        runs = [h for h in hs if h and all("clip_frac_by_mu" in row for row in h)]   # older runs lack them
+        if not runs:
+            continue
+        nb = len(gppo.MU_EDGES) + 1
+        tok = [[statistics.mean(row["token_frac_by_mu"][b] for row in h) for b in range(nb)] for h in runs]
+        clip = [[sum(row["clip_frac_by_mu"][b] * row["token_frac_by_mu"][b] for row in h) /
+                 sum(row["token_frac_by_mu"][b] for row in h) if any(row["token_frac_by_mu"][b] for row in h)
+                 else None for b in range(nb)] for h in runs]
+        per_bucket = [[c[b] for c in clip if c[b] is not None] for b in range(nb)]
+        out[name] = dict(n=len(runs), token=[statistics.mean(t[b] for t in tok) for b in range(nb)],
+                         clip=[statistics.mean(v) if v else None for v in per_bucket],
+                         clip_min=[min(v) if v else None for v in per_bucket],
+                         clip_max=[max(v) if v else None for v in per_bucket])
+    return out
+
+
+def mu_buckets():
+    """Labels of the mu buckets: mu<0.01, 0.01-0.1, 0.1-0.5, mu≥0.5 for the default edges."""
+    e = gppo.MU_EDGES
+    return [f"μ<{e[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(e, e[1:])] + [f"μ≥{e[-1]:g}"]
+
+
+def plot_clip_by_mu(stats, path):
+    """One panel per divergence, one line per estimator: the share of each mu bucket's tokens that
+    were clipped (mean over seeds, bars min-max), and as light bars on the right axis the bucket's
+    share of all response tokens."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nan = float("nan")
+    pct = lambda xs: [nan if x is None else 100 * x for x in xs]
+    labels, x = mu_buckets(), range(len(gppo.MU_EDGES) + 1)
+    divs = list(gppo.DIVERGENCES)
+    fig, axes = plt.subplots(1, len(divs), figsize=(3.7 * len(divs), 3.9), sharey=True)
+    for ax, d in zip(axes, divs):
+        tw = ax.twinx()
+        ax.set_zorder(tw.get_zorder() + 1)     # lines in front of the token-share bars
+        ax.patch.set_visible(False)
+        for c, e in enumerate(gppo.ESTIMATORS):
+            st = stats.get(f"{d}-{e}")
+            if st is None:
+                continue
+            tw.bar([i + (c - 1) * 0.25 for i in x], pct(st["token"]), width=0.25, color=f"C{c}", alpha=0.18)
+            mean, lo, hi = pct(st["clip"]), pct(st["clip_min"]), pct(st["clip_max"])
+            ax.errorbar(x, mean, yerr=[[m - a for m, a in zip(mean, lo)], [b - m for m, b in zip(mean, hi)]],
+                        color=f"C{c}", marker="o", ms=4, lw=1.4, capsize=2, label=f"{e} (n={st['n']})")
+        ax.set_yscale("symlog", linthresh=0.1)    # 0 .. 0.1% linear, log above: mc vs atomic spans decades
+        ax.set_ylim(bottom=0)
+        tw.set_ylim(0, 100)
+        tw.tick_params(labelsize=7, colors="grey")
+        if d == divs[-1]:
+            tw.set_ylabel("share of response tokens in the bucket (%, bars)", color="grey")
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set_title(d)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right", title="estimator", title_fontsize=7)
+        ax.set_xlabel("behaviour probability mu of the token")
+    axes[0].set_ylabel("clipped share of the bucket's tokens (%)")
+    fig.suptitle("where each region clips, measured on the training batches (averaged over iterations; "
+                 "points: mean over seeds, error bars: min-max)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def warm_start(settings, out):
+    """avg@k of the start model: <out>/eval_start.json, made once by eval.py with the runs'
+    evaluation settings (choice 7). Returns (scores or None, the eval.py command)."""
+    a, path = settings["train_args"], os.path.join(out, "eval_start.json")
     cmd = [sys.executable, "eval.py", "--model", settings["model"], "--data", ",".join(EVAL_SETS),
-           "--data_dir", settings["data_dir"], "--k", str(k), "--out", path]
-    cmd += [x for flag, v in vars(same).items() if v is not None for x in (f"--{flag}", v)]
-    print("warm start:", " ".join(cmd[1:]), f"(log {path[:-5]}.log)", flush=True)
-    with open(path[:-5] + ".log", "w") as log:
-        if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            print(f"warm-start evaluation failed; see {path[:-5]}.log", flush=True)
-            return None, None
+           "--data_dir", settings["data_dir"], "--template", a["template"], "--k", str(a["eval_k"]),
+           "--max_new_tokens", str(a["max_new_tokens"]), "--max_model_len", str(a["max_model_len"]),
+           "--backend", a["backend"], "--dtype", a["vllm_dtype"], "--out", path]
+    if not os.path.exists(path):
+        print("warm start:", " ".join(cmd[1:]), f"(log {path[:-5]}.log)", flush=True)
+        with open(path[:-5] + ".log", "w") as log:
+            if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+                print(f"warm-start evaluation failed; see {path[:-5]}.log", flush=True)
+                return None, cmd[1:]
     with open(path) as f:
-        return json.load(f)[f"avg@{k}"], path
+        return json.load(f).get(f"avg@{a['eval_k']}"), cmd[1:]
 
 
 # ----------------------------------------------------------------------------------------------
+def report(out, settings, threads, jobs, invocations):
+    """Tables, figures and sweep.json from every finished run in `out`; returns table.md's text."""
+    all_names = [n for n, _ in methods()]
+    results = finished(out, all_names)
+    k = settings["train_args"]["eval_k"]
+    warm, warm_cmd = warm_start(settings, out)
+    rows, orders = aggregate(results, all_names, warm), orderings(results, all_names)
+    hists = histories(out, results)
+    curv, by_mu = curves(hists), clip_by_mu(hists)
+    plot_dynamics(curv, os.path.join(out, "dynamics.png"))
+    plot_clip_by_mu(by_mu, os.path.join(out, "clip_by_mu.png"))
+    regions = os.path.join(out, "regions.png")
+    if not os.path.exists(regions):
+        with open(os.path.join(out, "regions.txt"), "w") as f:
+            subprocess.run([sys.executable, "gppo.py", "--out", regions], cwd=ROOT, stdout=f, check=True)
+    mach = machine(threads, jobs)
+    # the threads the finished runs really had (they may come from several invocations)
+    used = sorted({r["threads"] or mach["default_threads"] for r in results}) or [mach["torch_threads"]]
+    mach["torch_threads"] = ",".join(map(str, used))
+    run_s = sum(r["wall_s"] for r in results)
+    inv_s = sum(i["wall_s"] for i in invocations)
+    flags = "".join(" " + f for f in settings["train_flags"])
+    n_comparisons = sum(r["n"] > 0 for r in rows.values()) - 1 + len(orders)
+    text = (f"# GPPO grid and baselines: paired comparison against GRPO (tv-mc)\n\n"
+            f"avg@{k} (%) on the held-out tiny-math and tiny-code problems, mean ± sample std over each "
+            f"method's finished seeds (n). Δ: the paired difference against tv-mc (GRPO) over the seeds both "
+            f"finished (seed s of every method starts from the same model and samples the same first "
+            f"iteration), its mean and 95% Student t interval; ✱ marks a difference distinguishable from 0 "
+            f"(the interval excludes 0). The intervals are per comparison and not corrected for the "
+            f"{n_comparisons} comparisons below: about 1 in 20 of those with no true difference shows a ✱ "
+            f"by chance. Entropy (nats/token) and train reward: the last RL iteration. "
+            f"Every run: `python train.py <method> --seed S --model {settings['model']} --data_dir "
+            f"{settings['data_dir']} --eval_data {','.join(EVAL_SETS)}{flags}`, train.py's defaults "
+            f"otherwise (delta calibrated per divergence, gppo.default_delta). Warm start: "
+            f"`{' '.join(warm_cmd)}`{'' if warm else ' (not available)'}.\n\n"
+            + format_table(rows, k, warm) +
+            f"\n## The paper's orderings\n\nEach claim \"a above b\" as the paired a − b over the seeds "
+            f"both finished, next to the paper's Table 1 difference. Rule: **reproduced** when the 95% "
+            f"interval lies above 0, **not reproduced (reversed)** when it lies below 0, **undecided** at "
+            f"this budget when it contains 0 (or fewer than 2 paired seeds); identical regions give a tie.\n\n"
+            + format_orderings(orders) +
+            f"\n## Per seed: Δ vs GRPO, math / code\n\n" + format_per_seed(rows) +
+            f"\nMachine: {mach['cpu']}, {mach['cores']} cores, GPU {mach['gpu'] or 'none'}, torch threads "
+            f"{mach['torch_threads']} per run.\n"
+            f"Wall time: {len(results)} finished runs took {run_s / 60:.1f} min summed "
+            f"({run_s / max(len(results), 1):.0f} s per run); the {len(invocations)} invocation(s) of the "
+            f"sweep took {inv_s / 60:.1f} min:\n\n"
+            + "".join(f"- `{i['command']}`: {i['ran']} runs in {i['wall_s'] / 60:.1f} min (--jobs {i['jobs']}, "
+                      f"{i['at']})\n" for i in invocations) +
+            f"\nFigures: dynamics.png (reward and entropy against iteration, mean and min-max band over "
+            f"seeds), clip_by_mu.png (clipped share of each behaviour-probability bucket's tokens, per "
+            f"cell, next to the bucket's token share), regions.png (every cell's proximal region "
+            f"against mu).\n")
+    Path(out, "table.md").write_text(text)
+    write_json_atomic(os.path.join(out, "sweep.json"), dict(
+        settings=settings, k=k, machine=mach, invocations=invocations, run_wall_s_sum=run_s,
+        warm_start=warm, warm_start_cmd=warm_cmd, rows=rows, orderings=orders, clip_by_mu=by_mu,
+        mu_buckets=mu_buckets(), curves=curv,
+        runs=[{key: r[key] for key in ("name", "seed", "eval", "final", "iters", "wall_s",
+                                       "iter_s_mean", "other_s", "threads")} for r in results]))
+    return text
+
+
 def main():
     p = argparse.ArgumentParser(description="Run the GPPO grid and baselines; unknown flags go to train.py",
                                 allow_abbrev=False)   # so train.py's --seed is not read as --seeds
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, each run for every method")
+    p.add_argument("--seeds", default="0-2", help="seeds run for every selected method: '0-4', '0,1,2', '0-2,7'")
     p.add_argument("--only", default="", help="comma-separated methods (e.g. gspo,kl-atomic,grpo); default all")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each with --threads 1 unless given)")
     p.add_argument("--model", default="data/tiny/model", help="model folder for every run")
-    p.add_argument("--data_dir", default="data/tiny", help="folder with tiny-math / tiny-code (and eval_start.json)")
-    p.add_argument("--out", default="out/sweep", help="sweep folder: one sub-folder per run, table, figures")
+    p.add_argument("--data_dir", default="data/tiny", help="folder with tiny-math / tiny-code")
+    p.add_argument("--out", default="out/sweep", help="sweep folder: one sub-folder per run, tables, figures")
     p.add_argument("--dry_run", action="store_true", help="list what would run, and run nothing")
-    p.add_argument("--publish", action="store_true", help="copy table, sweep.json and figures to --publish_dir")
+    p.add_argument("--publish", action="store_true", help="copy tables, sweep.json and figures to --publish_dir")
     p.add_argument("--publish_dir", default="bench/results/sweep", help="committed folder for --publish")
     args, extra = p.parse_known_args()
+    command = " ".join(["bench/sweep.py", *sys.argv[1:]])
     os.chdir(ROOT)
     flags, threads = split_passthrough(extra)
     if threads is None and args.jobs > 1:
         threads = 1
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    settings = dict(model=args.model, data_dir=args.data_dir, eval_data=",".join(EVAL_SETS), train_flags=flags)
+    seeds = parse_seeds(args.seeds)
+    settings = make_settings(args.model, args.data_dir, flags)
     table = dict(methods())
-    names, all_names = select(args.only), list(table)
-    todo = plan(args.out, names, seeds, settings, all_names)
-    k_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    k_parser.add_argument("--eval_k", type=int, default=8)
-    k = k_parser.parse_known_args(flags)[0].eval_k
+    todo = plan(args.out, select(args.only), seeds, settings, list(table))
 
     pending = [(n, s) for n, s, status in todo if status != "done"]
     if args.dry_run:
@@ -378,46 +702,16 @@ def main():
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         failed = [ns for ns, res in zip(pending, pool.map(job, enumerate(pending))) if res is None]
-    wall = time.time() - t0
-
-    # -- outputs: every finished run of every method for these seeds --
-    results = [r for n in all_names for s in seeds if (r := load_result(args.out, n, s)) is not None]
-    rows = aggregate(results, all_names)
-    warm, warm_path = warm_start(settings, args.out, k)
-    curves = plot_dynamics(args.out, all_names, seeds, os.path.join(args.out, "dynamics.png"))
-    regions = os.path.join(args.out, "regions.png")
-    if not os.path.exists(regions):
-        with open(os.path.join(args.out, "regions.txt"), "w") as f:
-            subprocess.run([sys.executable, "gppo.py", "--out", regions], cwd=ROOT, stdout=f, check=True)
-    mach = machine(threads, args.jobs)
-    # the threads the finished runs really had (they may come from several invocations)
-    used = sorted({r["threads"] or mach["default_threads"] for r in results}) or [mach["torch_threads"]]
-    mach["torch_threads"] = ",".join(map(str, used))
-    run_s = sum(r["wall_s"] for r in results)
-    text = (f"# GPPO grid and baselines on the embedded default\n\n"
-            f"avg@{k} on the held-out tiny-math and tiny-code problems, mean ± sample std over seeds "
-            f"{','.join(map(str, seeds))}; Δ: difference of means against tv-mc (GRPO). Entropy (nats/token) "
-            f"and train reward: the last RL iteration, mean over seeds. Every run: `python train.py "
-            f"<cell> --seed S --model {args.model} --data_dir {args.data_dir} --eval_data "
-            f"{','.join(EVAL_SETS)} {' '.join(flags)}`, train.py's defaults otherwise (delta calibrated "
-            f"per divergence, gppo.default_delta). Warm start: {warm_path or 'not available'}.\n\n"
-            + format_table(rows, k, len(seeds), warm) +
-            f"\nMachine: {mach['cpu']}, {mach['cores']} cores, GPU {mach['gpu'] or 'none'}, torch threads "
-            f"{mach['torch_threads']} per run (this invocation: --jobs {args.jobs}).\n"
-            f"Wall time: {len(results)} finished runs took {run_s / 60:.1f} min summed "
-            f"({run_s / max(len(results), 1):.0f} s per run); this invocation ran {len(pending) - len(failed)} "
-            f"of them in {wall / 60:.1f} min.\n\nFigures: dynamics.png (reward and entropy against iteration), "
-            f"regions.png (every cell's proximal region against mu).\n")
-    Path(args.out, "table.md").write_text(text)
-    summary = dict(settings=settings, seeds=seeds, k=k, machine=mach, wall_s_this_invocation=wall,
-                   run_wall_s_sum=run_s, warm_start=warm, warm_start_file=warm_path, rows=rows, curves=curves,
-                   runs=[{key: r[key] for key in ("name", "seed", "eval", "final", "iters", "wall_s",
-                                                  "iter_s_mean", "other_s", "threads")} for r in results])
-    write_json_atomic(os.path.join(args.out, "sweep.json"), summary)
+    # every invocation is logged, so the table can say how long the whole sweep took, piece by piece
+    with open(os.path.join(args.out, "invocations.jsonl"), "a") as f:
+        f.write(json.dumps(dict(command=command, ran=len(pending) - len(failed), failed=len(failed),
+                                jobs=args.jobs, wall_s=time.time() - t0,
+                                at=time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)))) + "\n")
+    text = report(args.out, settings, threads, args.jobs, read_metrics(os.path.join(args.out, "invocations.jsonl")))
     print(text, flush=True)
     if args.publish:
         os.makedirs(args.publish_dir, exist_ok=True)
-        for f in ("table.md", "sweep.json", "dynamics.png", "regions.png", "regions.txt"):
+        for f in ("table.md", "sweep.json", "dynamics.png", "clip_by_mu.png", "regions.png", "regions.txt"):
             if os.path.exists(os.path.join(args.out, f)):
                 shutil.copy(os.path.join(args.out, f), os.path.join(args.publish_dir, f))
         print(f"published to {args.publish_dir}")

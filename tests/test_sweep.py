@@ -1,11 +1,13 @@
-"""The sweep's pure parts (bench/sweep.py): method list, pass-through flags, resume plan, table.
+"""The sweep's parts (bench/sweep.py): method list, flags, seeds, resume plan, paired statistics,
+tables, figures, and the report of a sweep folder.
 
 Run: .venv/bin/python -m pytest tests/test_sweep.py -q   (CPU, no model, a few seconds)
 
-Result dicts are written as real result.json files into a tmp folder, shaped as run_one writes
-them; nothing of the project is mocked. The end-to-end sweep (train.py subprocesses, vLLM) is
-not run here: one run costs ~40 s of engine start and evaluation even at 2 iterations, and
-tests/test_trainer.py already runs train.py end to end. Only --dry_run is invoked for real.
+Runs are written as real files into a tmp folder (result.json shaped as run_one writes it, and a
+metrics.jsonl with train.py's keys); nothing of the project is mocked. train.py is never started:
+one run costs ~40 s of engine start and evaluation even at 2 iterations, and tests/test_trainer.py
+already runs it end to end. The sweep itself is invoked for real with --dry_run, and on a folder
+whose runs are all finished (it then only reports).
 """
 import importlib.util
 import json
@@ -25,7 +27,8 @@ spec = importlib.util.spec_from_file_location("sweep", ROOT / "bench" / "sweep.p
 sweep = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sweep)
 
-SETTINGS = dict(model="m", data_dir="d", eval_data="tiny-math,tiny-code", train_flags=["--iters", "2"])
+SETTINGS = sweep.make_settings("m", "d", ["--iters", "2"])
+NAMES = [n for n, _ in sweep.methods()]
 
 
 def fake(name, seed, math_, code, entropy=0.1, reward=0.5):
@@ -35,40 +38,58 @@ def fake(name, seed, math_, code, entropy=0.1, reward=0.5):
                 iter_s_mean=2.0, other_s=6.0)
 
 
-def write(out, res):
+def write(out, res, metrics=None):
     d = sweep.run_dir(out, res["name"], res["seed"])
     os.makedirs(d, exist_ok=True)
     sweep.write_json_atomic(os.path.join(d, "result.json"), res)
+    if metrics is not None:
+        Path(d, "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+
+def metrics(n, reward, entropy, token, clip):
+    """n metrics.jsonl rows with the keys the sweep reads."""
+    return [dict(iter=i + 1, reward_mean=reward + 0.01 * i, entropy=entropy - 0.001 * i, time_iter_s=2.0,
+                 token_frac_by_mu=token, clip_frac_by_mu=clip) for i in range(n)]
 
 
 def test_methods_cover_every_cell_and_baseline_once():
-    names = [n for n, _ in sweep.methods()]
     cells = [f"{d}-{e}" for d in gppo.DIVERGENCES for e in gppo.ESTIMATORS]
-    assert names == list(gppo.BASELINES) + cells          # baselines first, grid by divergence
-    assert len(names) == len(set(names)) == len(gppo.BASELINES) + len(gppo.DIVERGENCES) * len(gppo.ESTIMATORS)
-    paper = {"gspo", "gmpo", "sapo", "cispo", "clip_cov", "js-mc", "js-atomic", "js-binary"} | \
+    assert NAMES == list(gppo.BASELINES) + cells           # baselines first, grid by divergence
+    assert len(NAMES) == len(set(NAMES))
+    paper = {"gspo", "gmpo", "sapo", "cispo", "clip_cov", "drpo", "dgpo", "js-mc", "js-atomic", "js-binary"} | \
             {f"{d}-{e}" for d in ("tv", "chi2", "kl", "hellinger") for e in ("mc", "atomic", "binary")}
-    assert paper <= set(names)                             # the paper's 12 cells + js + 5 baselines
+    assert paper <= set(NAMES)
     flags = dict(sweep.methods())
     assert flags["kl-atomic"] == ["--objective", "gppo", "--divergence", "kl", "--estimator", "atomic"]
-    assert flags["gspo"] == ["--objective", "gspo"]
+    assert flags["drpo"] == ["--method", "drpo"]            # train.py maps the name (one map, in gppo)
 
 
-def test_only_accepts_aliases_and_keeps_table_order():
+def test_only_takes_gppo_method_names_and_keeps_table_order():
     assert sweep.select("kl-atomic,grpo,gspo") == ["gspo", "tv-mc", "kl-atomic"]
-    assert sweep.select("DAPO, ripo") == ["chi2-atomic", "kl-mc"]
-    assert sweep.select("") == [n for n, _ in sweep.methods()]
+    assert sweep.select("DAPO, ripo,dppo") == ["tv-binary", "chi2-atomic", "kl-mc"]
+    assert sweep.select("") == NAMES
     with pytest.raises(SystemExit):
         sweep.select("kl-nope")
+    # labels come from gppo.METHODS, so a name added there shows up in the table
+    assert sweep.LABELS == {"tv-mc": "GRPO / PPO", "kl-mc": "DAPO", "tv-binary": "DPPO", "chi2-atomic": "RIPO"}
 
 
 def test_passthrough_refuses_per_cell_flags_and_strips_threads():
     flags, threads = sweep.split_passthrough(["--lr=1e-4", "--iters", "5", "--threads", "2"])
     assert flags == ["--lr", "1e-4", "--iters", "5"] and threads == 2
     assert sweep.split_passthrough(["--threads=1"]) == ([], 1)
-    for bad in (["--delta", "0.3"], ["--seed=1"], ["--divergence", "kl"], ["--out_dir", "x"]):
+    for bad in (["--delta", "0.3"], ["--seed=1"], ["--divergence", "kl"], ["--out_dir", "x"], ["--method", "dapo"]):
         with pytest.raises(SystemExit):
             sweep.split_passthrough(bad)
+
+
+def test_seeds_accept_ranges_and_lists():
+    assert sweep.parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert sweep.parse_seeds("0,1,2") == [0, 1, 2]
+    assert sweep.parse_seeds("3, 0-1,1") == [0, 1, 3]
+    assert sweep.parse_seeds("7") == [7]
+    with pytest.raises(SystemExit):
+        sweep.parse_seeds(" , ")
 
 
 def test_mean_std():
@@ -79,30 +100,114 @@ def test_mean_std():
     assert sweep.mean_std([]) == (None, None)
 
 
-def test_aggregate_and_table_against_grpo():
-    results = [fake("tv-mc", 0, 30.0, 0.0, 0.05, 0.40), fake("tv-mc", 1, 34.0, 2.0, 0.07, 0.44),
-               fake("kl-atomic", 0, 40.0, 1.0), fake("kl-atomic", 1, 38.0, 3.0)]
-    names = [n for n, _ in sweep.methods()]
-    rows = sweep.aggregate(results, names)
-    assert list(rows) == names
-    assert rows["tv-mc"]["n"] == 2 and rows["tv-mc"]["tiny-math"][0] == 32.0
-    assert math.isclose(rows["tv-mc"]["entropy"][0], 0.06)
-    assert rows["kl-atomic"]["delta_tiny-math"] == 7.0      # 39 - 32
-    assert rows["kl-atomic"]["delta_tiny-code"] == 1.0      # 2 - 1
-    assert rows["tv-mc"]["delta_tiny-math"] == 0.0
-    assert rows["gspo"]["n"] == 0 and rows["gspo"]["delta_tiny-math"] is None
-    # the reference is found even when tv-mc is not among the rows asked for
-    assert sweep.aggregate(results, ["kl-atomic"])["kl-atomic"]["delta_tiny-math"] == 7.0
+def test_t_quantiles_match_the_t_distribution():
+    """Each tabulated t(0.975, df) has CDF 0.975, the density integrated by Simpson's rule."""
+    for df, q in enumerate(sweep.T975, start=1):
+        c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+        dens = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)
+        n = 2000
+        h = q / n
+        area = h / 3 * sum((1 if i in (0, n) else 4 if i % 2 else 2) * dens(i * h) for i in range(n + 1))
+        assert abs(0.5 + area - 0.975) < 5e-5 * df, (df, q, 0.5 + area)   # 3 decimals of q
 
-    md = sweep.format_table(rows, 8, 2, warm={"tiny-math": 25.0, "tiny-code": 0.0})
-    lines = md.splitlines()
-    assert lines[0].startswith("| method |") and "avg@8" in lines[0]
+
+def test_paired_difference_and_its_t_interval():
+    # seeds 0-2 in both: differences 2, 3, 4 -> mean 3, sd 1, half-width t(0.975, 2) / sqrt(3) = 2.4844
+    a = {0: 10.0, 1: 12.0, 2: 14.0, 3: 99.0}              # seed 3: only a has it, ignored
+    b = {0: 8.0, 1: 9.0, 2: 10.0, 5: -50.0}               # seed 5: only b has it, ignored
+    n, m, lo, hi = sweep.paired(a, b)
+    assert n == 3 and m == 3.0
+    assert math.isclose(lo, 3 - 4.303 / math.sqrt(3)) and math.isclose(hi, 3 + 4.303 / math.sqrt(3))
+    assert math.isclose(lo, 0.5157, abs_tol=1e-4) and sweep.distinguishable(lo, hi)
+    # differences 1, -1, 3: mean 1, sd 2 -> [1 - 4.969, 1 + 4.969] contains 0
+    n, m, lo, hi = sweep.paired({0: 1.0, 1: -1.0, 2: 3.0}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert (n, m) == (3, 1.0) and lo < 0 < hi and not sweep.distinguishable(lo, hi)
+    assert math.isclose(hi - lo, 2 * 4.303 * 2 / math.sqrt(3))
+    # below 0 is distinguishable too; one common seed has no interval; none has nothing
+    assert sweep.distinguishable(*sweep.paired({0: 0.0, 1: 1.0}, {0: 5.0, 1: 5.5})[2:])
+    assert sweep.paired({0: 3.0, 1: 1.0}, {0: 1.0}) == (1, 2.0, None, None)
+    assert sweep.paired({0: 3.0}, {1: 1.0}) == (0, None, None, None)
+    assert not sweep.distinguishable(None, None)
+
+
+def test_verdict_rule():
+    assert sweep.verdict(3, 3.0, 0.5, 5.5) == "reproduced"
+    assert sweep.verdict(3, -3.0, -5.5, -0.5) == "not reproduced (reversed)"
+    assert sweep.verdict(3, 1.0, -4.0, 6.0) == "undecided"
+    assert sweep.verdict(1, 1.0, None, None) == "undecided (n < 2)"
+    assert sweep.verdict(3, 0.0, 0.0, 0.0) == "tie: identical on every seed"   # chi2-mc is tv-mc's region
+
+
+def results_two_budgets():
+    """tv-mc and kl-atomic at seeds 0-4 (kl-atomic +8 math on every seed, give or take 1), gspo at 0-2
+    (code noise around 0), chi2-mc identical to tv-mc (the same region), hellinger-mc at seed 7 only."""
+    grpo_math, grpo_code = [30.0, 34.0, 28.0, 40.0, 33.0], [20.0, 10.0, 30.0, 25.0, 15.0]
+    res = [fake("tv-mc", s, m, c, 0.05, 0.40) for s, (m, c) in enumerate(zip(grpo_math, grpo_code))]
+    res += [fake("chi2-mc", s, m, c, 0.05, 0.40) for s, (m, c) in enumerate(zip(grpo_math, grpo_code))]
+    res += [fake("kl-atomic", s, m + 8 + (-1) ** s, c + 3 * (-1) ** s, 0.2, 0.6)
+            for s, (m, c) in enumerate(zip(grpo_math, grpo_code))]
+    res += [fake("gspo", s, m - 2, c + d) for s, (m, c, d) in enumerate(zip(grpo_math, grpo_code, [-9.0, 4.0, 6.0]))]
+    return res + [fake("hellinger-mc", 7, 50.0, 50.0)]
+
+
+def test_aggregate_pairs_on_common_seeds_and_keeps_every_n():
+    rows = sweep.aggregate(results_two_budgets(), NAMES, warm={"tiny-math": 25.0, "tiny-code": 20.0, "all": 22.5})
+    assert list(rows) == NAMES
+    assert rows["tv-mc"]["n"] == 5 and rows["gspo"]["n"] == 3 and rows["gspo"]["seeds"] == [0, 1, 2]
+    assert rows["tv-mc"]["tiny-math"][0] == 33.0 and rows["tv-mc"]["gain_tiny-math"] == 8.0
+    kl = rows["kl-atomic"]["vs_ref_tiny-math"]          # differences 9, 7, 9, 7, 9
+    assert kl["n"] == 5 and math.isclose(kl["mean"], 8.2) and kl["distinguishable"]
+    assert kl["per_seed"] == {0: 9.0, 1: 7.0, 2: 9.0, 3: 7.0, 4: 9.0}
+    assert not rows["kl-atomic"]["vs_ref_tiny-code"]["distinguishable"]     # +-3 around 0
+    g = rows["gspo"]["vs_ref_tiny-math"]
+    assert g["n"] == 3 and g["mean"] == -2.0 and g["lo"] == g["hi"] == -2.0 and g["distinguishable"]
+    assert rows["hellinger-mc"]["vs_ref_tiny-math"]["n"] == 0                # seed 7: no GRPO partner
+    assert rows["sapo"]["n"] == 0 and rows["sapo"]["vs_ref_tiny-math"]["mean"] is None
+    # the reference is found even when tv-mc is not among the rows asked for
+    assert sweep.aggregate(results_two_budgets(), ["kl-atomic"])["kl-atomic"]["vs_ref_tiny-math"]["n"] == 5
+
+
+def test_table_has_paired_ci_columns_and_marks():
+    rows = sweep.aggregate(results_two_budgets(), NAMES, warm={"tiny-math": 25.0, "tiny-code": 20.0})
+    lines = sweep.format_table(rows, 8, warm={"tiny-math": 25.0, "tiny-code": 20.0}).splitlines()
+    assert "Δ math vs GRPO [95% CI]" in lines[0] and "Δ code vs GRPO [95% CI]" in lines[0] and "| n |" in lines[0]
     assert lines[2].startswith("| warm start") and "25.0" in lines[2]
-    assert lines[3].startswith("| gspo | 0/2 | not run")                 # baselines first
-    kl = next(line for line in lines if line.startswith("| kl-atomic |"))
-    assert "39.0 ± 1.4" in kl and "+7.0" in kl and "2/2" in kl
-    assert any(line.startswith("| **tv-mc (GRPO / PPO)** |") for line in lines)
-    assert len(lines) == 2 + 1 + len(names)
+    assert lines[3].startswith("| **tv-mc (GRPO / PPO)** | 5 | 33.0 ± 4.6 | reference |")    # reference first
+    assert lines[4].startswith("| gspo | 3 |")                                              # then table order
+    kl = next(line for line in lines if line.startswith("| kl-atomic |")).split(" | ")
+    lo, hi = 8.2 - 2.776 * 1.0954451 / math.sqrt(5), 8.2 + 2.776 * 1.0954451 / math.sqrt(5)
+    assert kl[3] == f"+8.2 [{lo:+.1f}, {hi:+.1f}] ✱"                                       # distinguishable
+    assert "✱" not in kl[5] and kl[5].startswith("+0.6 [")                                  # code: not
+    assert kl[6] == "+16.2 / +0.6"                                                          # over warm start
+    assert next(line for line in lines if line.startswith("| hellinger-mc |")).split(" | ")[3] == "-"
+    assert any(line.startswith("| sapo | 0 | not run") for line in lines)
+    assert len(lines) == 2 + 1 + len(NAMES)
+    per_seed = sweep.format_per_seed(rows).splitlines()
+    assert per_seed[0] == "| method | seed 0 | seed 1 | seed 2 | seed 3 | seed 4 | seed 7 |"
+    assert "| kl-atomic | +9.0 / +3.0 | +7.0 / -3.0 |" in "\n".join(per_seed)
+
+
+def test_orderings_pair_each_claim_and_state_a_verdict():
+    orders = sweep.orderings(results_two_budgets(), NAMES)
+    got = {(o["a"], o["b"]): o for o in orders}
+    # only comparisons whose two methods ran; hellinger-mc has no tv partner seed
+    assert set(got) == {("chi2-mc", "tv-mc"), ("kl-atomic", "tv-mc"), ("kl-atomic", "gspo"),
+                        ("kl-atomic", "chi2-mc"), ("kl-atomic", "hellinger-mc"), ("hellinger-mc", "tv-mc")}
+    assert got[("chi2-mc", "tv-mc")]["claim"] == "curvature above tv"
+    assert got[("chi2-mc", "tv-mc")]["tiny-math"]["verdict"] == "tie: identical on every seed"
+    assert got[("kl-atomic", "tv-mc")]["tiny-math"]["verdict"] == "reproduced"
+    assert got[("kl-atomic", "tv-mc")]["tiny-code"]["verdict"] == "undecided"
+    assert [round(x, 1) for x in got[("kl-atomic", "tv-mc")]["paper"]] == [13.8, 7.3]
+    assert got[("kl-atomic", "gspo")]["tiny-math"]["n"] == 3                 # gspo's seeds only
+    assert got[("hellinger-mc", "tv-mc")]["tiny-math"]["verdict"] == "undecided (n < 2)"
+    md = sweep.format_orderings(orders)
+    assert "| kl-atomic best | kl-atomic − tv-mc | +13.8 / +7.3 | 5 |" in md
+    assert "- kl-atomic best: tiny-math: reproduced 3, undecided (n < 2) 1" in md
+    # every claim kind of the paper is asked once all methods have run
+    kinds = {c for c, _, _ in sweep.claims(NAMES)}
+    assert kinds == {"atomic above mc", "binary above mc", "curvature above tv", "kl-atomic best"}
+    assert ("atomic above mc", "js-atomic", "js-mc") in sweep.claims(NAMES)
+    assert ("curvature above tv", "kl-binary", "tv-binary") in sweep.claims(NAMES)
 
 
 def test_plan_skips_finished_redoes_half_finished(tmp_path):
@@ -113,10 +218,27 @@ def test_plan_skips_finished_redoes_half_finished(tmp_path):
     Path(sweep.run_dir(out, "kl-atomic", 0), "result.json.tmp").write_text("{")   # torn write
     got = sweep.plan(out, ["tv-mc", "kl-atomic"], [0, 1], SETTINGS)
     assert got == [("tv-mc", 0, "done"), ("tv-mc", 1, "redo"), ("kl-atomic", 0, "redo"), ("kl-atomic", 1, "run")]
-    # a finished run with other settings refuses the whole sweep, even outside --only
-    other = dict(SETTINGS, train_flags=["--iters", "3"])
+    assert [(r["name"], r["seed"]) for r in sweep.finished(out, NAMES)] == [("tv-mc", 0)]
+    # a finished run with other settings refuses the whole sweep, even outside --only and --seeds
+    other = sweep.make_settings("m", "d", ["--iters", "3"])
+    with pytest.raises(SystemExit, match="--iters 2 .now 3."):
+        sweep.plan(out, ["kl-atomic"], [5], other, all_names=["tv-mc", "kl-atomic"])
+
+
+def test_settings_are_train_py_resolved_flags():
+    assert SETTINGS["train_args"]["iters"] == 2 and SETTINGS["train_args"]["eval_k"] == 8
+    assert "seed" not in SETTINGS["train_args"] and "threads" not in SETTINGS["train_args"]
+    # the same value spelled out, or a flag that does not change the result, is the same settings
+    lr = SETTINGS["train_args"]["lr"]
+    assert sweep.changed(SETTINGS, sweep.make_settings("m", "d", ["--iters", "2", "--lr", str(lr)])) == []
+    assert sweep.changed(SETTINGS, sweep.make_settings("m", "d", ["--iters", "2", "--sample_every", "3"])) == []
+    # a changed default shows as a changed value; a flag only one side knows is not compared
+    old = json.loads(json.dumps(SETTINGS))
+    old["train_args"]["lr"], old["train_args"]["retired_flag"] = lr * 2, 1
+    assert sweep.changed(old, SETTINGS) == [f"--lr {lr * 2!r} (now {lr!r})"]
+    assert sweep.changed({"train_flags": []}, SETTINGS)                   # a run of the old sweep
     with pytest.raises(SystemExit):
-        sweep.plan(out, ["kl-atomic"], [0, 1], other, all_names=["tv-mc", "kl-atomic"])
+        sweep.make_settings("m", "d", ["--prompts_per_iter", "7"])         # train.py refuses it
 
 
 def test_write_json_atomic_leaves_no_tmp(tmp_path):
@@ -127,19 +249,82 @@ def test_write_json_atomic_leaves_no_tmp(tmp_path):
     assert os.listdir(tmp_path) == ["result.json"]
 
 
-def test_parse_eval_takes_the_last_eval_line():
-    log = ('iter 1/2 | reward 0.1\n{"eval": {"tiny-math": 1.0}}\nnoise {"eval": 3}\n'
-           '  {"eval": {"tiny-math": 12.5, "tiny-code": 0.0, "all": 6.2}}\nsaved\n')
-    assert sweep.parse_eval(log) == {"tiny-math": 12.5, "tiny-code": 0.0, "all": 6.2}
-    assert sweep.parse_eval("no eval here\n") is None
+def synthetic_sweep(out):
+    """tv-mc, tv-atomic (2 seeds) and kl-atomic (1 seed) with metrics, as train.py writes them."""
+    mc = dict(token=[0.05, 0.15, 0.3, 0.5], clip=[0.3, 0.1, 0.02, 0.0])      # mc clips the rare tokens
+    at = dict(token=[0.04, 0.16, 0.3, 0.5], clip=[0.0, 0.001, 0.01, 0.0])    # atomic lets them move
+    for s in (0, 1):
+        write(out, fake("tv-mc", s, 30.0 + s, 20.0), metrics(4, 0.3 + 0.1 * s, 0.5, **mc))
+        write(out, fake("tv-atomic", s, 35.0 + s, 21.0), metrics(3 + s, 0.4, 0.6 + 0.1 * s, **at))
+    write(out, fake("kl-atomic", 0, 40.0, 22.0), metrics(4, 0.5, 0.7, **at))
+
+
+def test_curves_and_clip_by_mu_from_run_folders(tmp_path):
+    out = str(tmp_path)
+    synthetic_sweep(out)
+    hists = sweep.histories(out, sweep.finished(out, NAMES))
+    assert {n: len(h) for n, h in hists.items()} == {"tv-mc": 2, "tv-atomic": 2, "kl-atomic": 1}
+    curv = sweep.curves(hists)
+    assert len(curv["tv-atomic"]["entropy"]["mean"]) == 3                 # iterations both seeds reached
+    band = curv["tv-mc"]["reward_mean"]
+    assert band["min"][0] == 0.3 and math.isclose(band["max"][0], 0.4) and math.isclose(band["mean"][0], 0.35)
+    by_mu = sweep.clip_by_mu(hists)
+    assert by_mu["tv-mc"]["clip"] == pytest.approx([0.3, 0.1, 0.02, 0.0]) and by_mu["tv-mc"]["n"] == 2
+    assert by_mu["tv-mc"]["token"] == pytest.approx([0.05, 0.15, 0.3, 0.5])
+    assert sweep.mu_buckets() == ["μ<0.01", "0.01-0.1", "0.1-0.5", "μ≥0.5"]
+
+
+def test_clip_by_mu_pools_iterations_by_token_share():
+    """An iteration with no token in a bucket does not count as 0% clipped there."""
+    rows = [dict(token_frac_by_mu=[0.0, 0.5, 0.5, 0.0], clip_frac_by_mu=[0.0, 0.2, 0.0, 0.0]),
+            dict(token_frac_by_mu=[0.1, 0.3, 0.6, 0.0], clip_frac_by_mu=[0.5, 0.4, 0.0, 0.0])]
+    st = sweep.clip_by_mu({"tv-mc": [rows]})["tv-mc"]
+    assert st["clip"][0] == 0.5                                          # only the iteration with tokens
+    assert math.isclose(st["clip"][1], (0.2 * 0.5 + 0.4 * 0.3) / 0.8)   # weighted by the token share
+    assert st["clip"][3] is None                                         # no token ever: no value
+    assert math.isclose(st["token"][0], 0.05)
+    assert sweep.clip_by_mu({"gspo": [[{"reward_mean": 0.1}]]}) == {}    # runs without the metric
+
+
+def test_report_of_a_finished_sweep(tmp_path):
+    """The sweep on a folder whose runs are all done: no train.py, no eval.py (eval_start.json is
+    there), no gppo.py (regions.png is there); it writes the tables, sweep.json, the figures drawn
+    from the runs' metrics.jsonl (dynamics.png, clip_by_mu.png) and its log, and publishes them."""
+    out = tmp_path / "sweep"
+    synthetic_sweep(str(out))
+    (out / "eval_start.json").write_text(json.dumps({"avg@8": {"tiny-math": 25.0, "tiny-code": 20.0, "all": 23.0},
+                                                     "model": "m"}))
+    (out / "regions.png").write_bytes(b"")
+    pub = tmp_path / "pub"
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--out", str(out), "--model", "m", "--data_dir", "d",
+                           "--only", "grpo,tv-atomic", "--seeds", "0-1", "--iters", "2", "--publish",
+                           "--publish_dir", str(pub)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "sweep: 0 runs to do of 4" in proc.stdout
+    table = (out / "table.md").read_text()
+    assert "| **tv-mc (GRPO / PPO)** | 2 | 30.5 ± 0.7 | reference |" in table
+    assert "| kl-atomic | 1 | 40.0 | +10.0 [n < 2] (n=1) |" not in table      # n=1 row: its n says it
+    assert "| kl-atomic | 1 | 40.0 | +10.0 [n < 2] |" in table
+    assert "| atomic above mc | tv-atomic − tv-mc | +8.6 / +2.5 | 2 | +5.0 [+5.0, +5.0] ✱ | reproduced |" in table
+    assert "bench/sweep.py --out" in table and "0 runs in" in table
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["warm_start"]["tiny-math"] == 25.0 and summary["rows"]["tv-mc"]["gain_tiny-math"] == 5.5
+    assert set(summary["clip_by_mu"]) == {"tv-mc", "tv-atomic", "kl-atomic"} and len(summary["runs"]) == 5
+    assert len((out / "invocations.jsonl").read_text().splitlines()) == 1
+    assert sorted(os.listdir(pub)) == ["clip_by_mu.png", "dynamics.png", "regions.png", "sweep.json", "table.md"]
+    for f in ("dynamics.png", "clip_by_mu.png"):
+        assert (pub / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_dry_run_lists_every_run_and_writes_nothing(tmp_path):
     out = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "bench/sweep.py", "--dry_run", "--out", str(out), "--seeds", "0,1",
-                           "--model", "nowhere", "--iters", "2"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--dry_run", "--out", str(out), "--seeds", "0-1",
+                           "--model", "nowhere", "--iters", "2"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
-    n = 2 * len(sweep.methods())
+    n = 2 * len(NAMES)
     assert proc.stdout.count("  run  ") == n and f"{n} of {n} runs to do" in proc.stdout
     assert "--iters 2" in proc.stdout and "--eval_data tiny-math,tiny-code" in proc.stdout
+    assert "--method gspo" in proc.stdout                                 # the first run: a baseline by name
     assert not out.exists()
