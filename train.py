@@ -1,181 +1,201 @@
 """
-GPPO training loop: rollout -> reward -> group advantages -> P/M AdamW updates, repeated.
+GPPO training loop: rollout -> reward -> group advantages -> AdamW updates -> weight sync, repeated.
 
-    python train.py --divergence kl --estimator atomic            # the embedded CPU default
-    accelerate launch --num_processes 8 train.py @configs/...     # see README "Scaling up"
+    python train.py                                          # the embedded CPU default (kl-atomic)
+    python train.py --divergence tv --estimator mc           # GRPO's clip, any cell, any baseline
+    accelerate launch --num_processes 8 train.py @configs/math_8gpu.args   # README "Scaling up"
 
 How one iteration goes, and where it departs from textbook GRPO:
 1. Sample `prompts_per_iter` prompts x `group_size` completions with vLLM (rollout.py) at
-   temperature 1; each rank samples only its own share of whole groups.
+   temperature 1. Each rank samples its share of every mini-batch's prompts (whole groups), so
+   the mini-batches are the same whatever the number of processes.
 2. Score with reward.py (binary 0/1) and form GRPO's group-relative advantage
    (R - mean_group) / (std_group + 1e-6), broadcast to every token of the response.
 3. The behaviour log-probs mu are recomputed once with the current weights before any update
    (`--mu_source recompute`, default: trainer and sampler numerics then agree exactly at the
-   first update), or taken from vLLM (`--mu_source vllm`).
-4. One pass over the batch in mini-batches of `prompts_per_update` prompts: P/M AdamW updates
-   (8 in the paper's 128/16), each minimising gppo_loss with the token-mean over the *whole*
-   mini-batch (all micro-batches, all ranks), so micro-batching never changes the update.
+   first update), or taken from vLLM (`--mu_source vllm`, one forward pass fewer).
+4. `epochs` passes over the batch in mini-batches of `prompts_per_update` prompts, one AdamW step
+   each (P/M x epochs steps; the paper: 128/16 x 1). Each step minimises the loss of gppo.py with
+   the token-mean over the *whole* mini-batch (all micro-batches, all ranks), so micro-batching
+   and the process count never change the update. Every rank runs the same number of
+   forward/backward passes (zero-weight fillers where it kept fewer samples), so DDP/FSDP's
+   collectives always pair up.
 5. No KL penalty, no entropy bonus, constant learning rate, gradient clipping (paper settings).
-6. Log-probs and entropy come from the hidden states in chunks, each chunk's logits recomputed
-   in the backward pass, so at most one (chunk x vocab) float32 tensor lives at a time.
-7. After the updates the new weights are pushed into the running vLLM engine in memory.
+   Optional stop (`--target_kl`): the iteration's remaining steps are skipped once a mini-batch
+   has drifted further than target_kl from mu (the check of Schulman's PPO code and SB3).
+6. Log-probs and entropy come from the last hidden states in chunks of at most `logp_chunk_mb` of
+   float32 logits, each chunk's logits recomputed in the backward pass (one chunk lives at a time).
+7. After the updates the new weights stream into the running vLLM engine in memory (rollout.py).
+Everything is logged once per iteration (one line, metrics.jsonl), reduced over ranks.
 """
-import argparse, dataclasses, json, math, os, random, shutil, signal, sys, time
+import argparse, json, math, os, random, shutil, signal, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM
 
 import gppo
 import reward
-from eval import avg_at_k, load_rows
-from rollout import RolloutBatch, make_engine
 
 # ----------------------------------------------------------------------------------------------
-# configuration: every knob is a flag; defaults are the embedded CPU default
-p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@")
-# @file presets (configs/*.args): one or more flags per line, '#' starts a comment line
-p.convert_arg_line_to_args = lambda line: [] if line.lstrip().startswith("#") else line.split()
-g = p.add_argument_group("model and data")
-g.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder or hub name")
-g.add_argument("--train_data", default="tiny-math,tiny-code", help="comma-separated data set names (data/loaders.py)")
-g.add_argument("--eval_data", default="", help="held-out sets scored at the end, e.g. tiny-math,tiny-code")
-g.add_argument("--train_mix", default="balanced", help="balanced (equal share of each data set per iteration) or proportional")
-g.add_argument("--data_dir", default=None, help="folder holding local copies of hub data sets")
-g.add_argument("--template", default="plain", help="prompt template: plain, dapo, code, chat")
-g.add_argument("--out_dir", default="", help="run folder (default out/<cell>-seed<seed>)")
-g = p.add_argument_group("objective (GPPO.md sections 4-6)")
-g.add_argument("--objective", default="gppo", help="gppo, or a baseline: " + ", ".join(gppo.BASELINES))
-g.add_argument("--divergence", default="kl", help="tv, chi2, kl, hellinger, js")
-g.add_argument("--estimator", default="atomic", help="mc, atomic, binary")
-g.add_argument("--delta", type=float, default=None, help="region size; default calibrates mc's lower bound to 0.8")
-g.add_argument("--ratio_bounds", default="0.5,10", help="'low,high' bounds intersected with the region, or 'none'")
-g.add_argument("--dual_clip", default="10", help="no gradient for A<0 tokens with ratio above this, or 'none'")
-g.add_argument("--agg", default="token-mean", help="token-mean, seq-mean-token-mean, seq-mean-token-sum")
-g = p.add_argument_group("rollout")
-g.add_argument("--backend", default="vllm", help="vllm, or hf (transformers.generate fallback)")
-g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts sampled per iteration (all ranks)")
-g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
-g.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
-g.add_argument("--max_model_len", type=int, default=256, help="vLLM context length, tokens")
-g.add_argument("--mu_source", default="recompute", help="recompute (trainer, default) or vllm")
-g.add_argument("--kv_cache_gib", type=int, default=1, help="vLLM CPU KV cache, GiB")
-g.add_argument("--gpu_memory_utilization", type=float, default=0.4, help="vLLM share of GPU memory")
-g.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM tensor parallel size")
-g.add_argument("--sleep_mode", action="store_true", help="free vLLM's KV cache while training (GPU)")
-g = p.add_argument_group("optimisation")
-g.add_argument("--iters", type=int, default=60, help="RL iterations")
-g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per mini-batch; P/M updates per iteration")
-g.add_argument("--micro_batch_size", type=int, default=64, help="sequences per forward/backward")
-g.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (constant)")
-g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
-g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
-g.add_argument("--logp_chunk", type=int, default=4096, help="tokens per log-softmax chunk")
-g = p.add_argument_group("options of mature trainers (all off by default; the paper uses none)")
-g.add_argument("--overlong", default="off", help="truncated responses: off, mask (no loss), punish (DAPO soft punishment)")
-g.add_argument("--overlong_buffer", type=int, default=4, help="punish: reward - 1 * (excess over max_new_tokens - buffer) / buffer")
-g.add_argument("--drop_uniform_groups", action="store_true", help="DAPO dynamic sampling without the refill: drop groups whose rewards are all equal")
-g.add_argument("--tis_cap", type=float, default=None, help="truncated IS: weight tokens by min(pi_old / mu_vllm, cap)")
-g.add_argument("--kl_coef", type=float, default=0.0, help="KL penalty to a frozen reference (k3 estimator); 0 = off")
-g.add_argument("--ref_model", default="", help="reference model for --kl_coef (default: --model)")
-g = p.add_argument_group("checkpoints")
-g.add_argument("--ckpt_every", type=int, default=20, help="save a resumable checkpoint every N iterations (and at exit); 0 = only at exit")
-g.add_argument("--keep_last", type=int, default=2, help="checkpoints kept (older ones deleted)")
-g.add_argument("--resume", nargs="?", const="latest", default=None,
-               help="continue from out_dir's latest complete checkpoint, or from the checkpoint folder given")
-g.add_argument("--save_rollouts", default="", help="debug: write every iteration's rollouts to this folder")
-g.add_argument("--replay_rollouts", default="", help="debug: train on the rollouts a --save_rollouts run wrote (any process count)")
-g = p.add_argument_group("run")
-g.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and init")
-g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-g.add_argument("--sample_every", type=int, default=10, help="print a few completions every N iterations")
-g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data")
-g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
-args = p.parse_args()
-
-# derived sizes and values, checked once, before anything is loaded
-def bad(flag, value, accepted):
-    raise ValueError(f"{flag}={value!r}; accepted: {accepted}")
+# configuration: every knob is a flag; the defaults are the embedded CPU default
 
 
-for flag in ("prompts_per_iter", "group_size", "prompts_per_update", "max_new_tokens", "iters",
-             "micro_batch_size", "logp_chunk", "keep_last", "overlong_buffer"):
-    if getattr(args, flag) < 1:
-        bad("--" + flag, getattr(args, flag), "an integer >= 1")
-if args.prompts_per_iter % args.prompts_per_update:
-    bad("--prompts_per_iter", args.prompts_per_iter, f"a multiple of --prompts_per_update={args.prompts_per_update}")
-if args.group_size < 2:
-    bad("--group_size", args.group_size, "2 or more (group-relative advantages need a group)")
-if args.ckpt_every < 0:
-    bad("--ckpt_every", args.ckpt_every, "an integer >= 0")
-if args.tis_cap is not None and args.tis_cap <= 0:
-    bad("--tis_cap", args.tis_cap, "a positive number")
-if args.kl_coef < 0:
-    bad("--kl_coef", args.kl_coef, "a number >= 0")
-if args.overlong_buffer >= args.max_new_tokens:
-    bad("--overlong_buffer", args.overlong_buffer, f"fewer tokens than --max_new_tokens={args.max_new_tokens}")
-updates_per_iter = args.prompts_per_iter // args.prompts_per_update
-ratio_bounds = None if args.ratio_bounds == "none" else tuple(float(x) for x in args.ratio_bounds.split(","))
-dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
-if args.objective == "gppo":
-    gppo._check(args.divergence, args.estimator, args.delta, ratio_bounds, dual_clip, args.agg)  # fail fast
-    cell = f"{args.divergence}-{args.estimator}"
-elif args.objective in gppo.BASELINES:
-    cell = args.objective
-else:
-    raise ValueError(f"--objective={args.objective!r}; accepted: gppo, {', '.join(gppo.BASELINES)}")
-for flag, value, accepted in [("--mu_source", args.mu_source, ("recompute", "vllm")),
-                              ("--train_mix", args.train_mix, ("balanced", "proportional")),
-                              ("--overlong", args.overlong, ("off", "mask", "punish")),
-                              ("--backend", args.backend, ("vllm", "hf"))]:
-    if value not in accepted:
-        bad(flag, value, ", ".join(accepted))
-out_dir = args.out_dir or os.path.join("out", f"{cell}-seed{args.seed}")
+def parser():
+    p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@")
+    # @file presets (configs/*.args): one or more flags per line, '#' starts a comment line
+    p.convert_arg_line_to_args = lambda line: [] if line.lstrip().startswith("#") else line.split()
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder or hub name")
+    g.add_argument("--train_data", default="tiny-math,tiny-code", help="comma-separated data set names (data/loaders.py)")
+    g.add_argument("--eval_data", default="", help="held-out sets scored at the end, e.g. tiny-math,tiny-code")
+    g.add_argument("--train_mix", default="balanced", choices=("balanced", "proportional"),
+                   help="equal share of each data set per iteration, or in proportion to their sizes")
+    g.add_argument("--data_dir", default=None, help="folder holding local copies of hub data sets")
+    g.add_argument("--template", default="plain", help="prompt template (data/loaders.py TEMPLATES)")
+    g.add_argument("--out_dir", default="", help="run folder (default out/<cell>-seed<seed>)")
+    g = p.add_argument_group("objective (GPPO.md sections 4-6)")
+    g.add_argument("--method", default=None, choices=(*gppo.METHODS, *gppo.BASELINES),
+                   help="a method by name: a cell of gppo.METHODS (grpo = tv-mc, ...) or a baseline")
+    g.add_argument("--objective", default="gppo", choices=("gppo", *gppo.BASELINES), help="the grid, or a baseline")
+    g.add_argument("--divergence", default="kl", choices=tuple(gppo.DIVERGENCES), help="f of the region")
+    g.add_argument("--estimator", default="atomic", choices=tuple(gppo.ESTIMATORS), help="D(r) of the region")
+    g.add_argument("--delta", type=float, default=None, help="region size; default calibrates mc's lower bound to 0.8")
+    g.add_argument("--ratio_bounds", default="0.5,10", help="'low,high' bounds intersected with the region, or 'none'")
+    g.add_argument("--dual_clip", default="10", help="no gradient for A<0 tokens with ratio above this, or 'none'")
+    g.add_argument("--agg", default="token-mean", choices=gppo.AGGS, help="loss aggregation")
+    g = p.add_argument_group("rollout")
+    g.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm, or the transformers fallback")
+    g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts sampled per iteration (all ranks)")
+    g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
+    g.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
+    g.add_argument("--max_model_len", type=int, default=256, help="vLLM context length (prompt + response), tokens")
+    g.add_argument("--mu_source", default="recompute", choices=("recompute", "vllm"), help="where mu comes from")
+    g.add_argument("--vllm_dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="vLLM's dtype; auto: bfloat16 on GPU, the trainer's float32 on the CPU")
+    g.add_argument("--gpu_memory_utilization", type=float, default=0.4, help="vLLM share of GPU memory")
+    g.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM tensor parallel size")
+    g.add_argument("--sleep_mode", action="store_true", help="free vLLM's KV cache while training (GPU)")
+    g.add_argument("--sync_bucket_mb", type=int, default=256, help="weight sync into vLLM in buckets of this size")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--iters", type=int, default=60, help="RL iterations")
+    g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per mini-batch (one AdamW step)")
+    g.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
+    g.add_argument("--micro_batch_size", type=int, default=64, help="sequences per forward/backward")
+    g.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (constant)")
+    g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
+    g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
+    g.add_argument("--target_kl", type=float, default=0.0, help="skip the iteration's remaining steps once a "
+                   "mini-batch's k3 KL(mu || pi) exceeds this; 0 = off")
+    g.add_argument("--logp_chunk_mb", type=int, default=256, help="float32 logits per log-softmax chunk, MB")
+    g.add_argument("--mixed_precision", default=None, choices=("no", "bf16", "fp16"),
+                   help="autocast of the policy's forward/backward (default: accelerate's config, else no)")
+    g = p.add_argument_group("options of mature trainers (all off by default; the paper uses none)")
+    g.add_argument("--overlong", default="off", choices=("off", "mask", "punish"),
+                   help="truncated responses: kept, no loss, or DAPO's soft punishment")
+    g.add_argument("--overlong_buffer", type=int, default=4, help="punish: reward - (excess over max_new_tokens - buffer) / buffer")
+    g.add_argument("--drop_uniform_groups", action="store_true", help="DAPO dynamic sampling without the refill: drop groups whose rewards are all equal")
+    g.add_argument("--tis_cap", type=float, default=None, help="truncated IS: weight tokens by min(pi_old / mu_vllm, cap)")
+    g.add_argument("--kl_coef", type=float, default=0.0, help="KL penalty to a frozen reference (k3 estimator); 0 = off")
+    g.add_argument("--ref_model", default="", help="reference model for --kl_coef (default: --model)")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--ckpt_every", type=int, default=20, help="save a resumable checkpoint every N iterations (and at exit); 0 = only at exit")
+    g.add_argument("--keep_last", type=int, default=2, help="checkpoints kept (older ones deleted)")
+    g.add_argument("--resume", nargs="?", const="latest", default=None,
+                   help="continue from out_dir's latest complete checkpoint, or from the checkpoint folder given")
+    g.add_argument("--resume_with_changes", action="store_true", help="let --resume continue with other run flags")
+    g.add_argument("--save_rollouts", default="", help="debug: write every iteration's rollouts to this folder")
+    g.add_argument("--replay_rollouts", default="", help="debug: train on the rollouts a --save_rollouts run wrote (any process count)")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and init")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    g.add_argument("--sample_every", type=int, default=10, help="print a few completions every N iterations")
+    g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data")
+    g.add_argument("--eval_before", action="store_true", help="also score the start model (eval_start.json)")
+    g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
+    return p
 
-accelerator = Accelerator(cpu=not torch.cuda.is_available())
-rank, world = accelerator.process_index, accelerator.num_processes
-master = accelerator.is_main_process
-if args.tensor_parallel_size > 1 and world > 1:   # each rank samples its own prompts (rollout.py)
-    bad("--tensor_parallel_size", args.tensor_parallel_size, f"1 when {world} training processes each run an engine")
-if args.prompts_per_update % world:
-    bad("--prompts_per_update", args.prompts_per_update, f"a multiple of the {world} processes")
-if args.threads:
-    torch.set_num_threads(args.threads)
-random.seed(args.seed + rank); np.random.seed(args.seed + rank); torch.manual_seed(args.seed)
+
+# flags that do not change what a run computes: --resume may continue with other values
+RUN_NEUTRAL = {"iters", "eval_data", "eval_k", "eval_before", "out_dir", "ckpt_every", "keep_last", "resume",
+               "resume_with_changes", "save_rollouts", "threads", "sample_every", "wandb"}
 
 
-def log(*a):
-    if master:
-        print(*a, flush=True)
+def parse_args(argv=None):
+    """Flags -> args, with every derived size and value checked before anything is loaded."""
+    args = parser().parse_args(argv)
+    if args.method in gppo.METHODS:          # one name per thing: run.sh and the sweep map names here
+        args.objective, (args.divergence, args.estimator) = "gppo", gppo.METHODS[args.method]
+    elif args.method:
+        args.objective = args.method
+
+    def bad(flag, accepted):
+        raise ValueError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
+
+    for flag in ("prompts_per_iter", "prompts_per_update", "max_new_tokens", "iters", "epochs",
+                 "micro_batch_size", "logp_chunk_mb", "keep_last", "overlong_buffer", "sync_bucket_mb"):
+        if getattr(args, flag) < 1:
+            bad(flag, "an integer >= 1")
+    if args.group_size < 2:
+        bad("group_size", "2 or more (group-relative advantages need a group)")
+    if args.prompts_per_iter % args.prompts_per_update:
+        bad("prompts_per_iter", f"a multiple of --prompts_per_update={args.prompts_per_update}")
+    if args.max_new_tokens >= args.max_model_len:
+        bad("max_new_tokens", f"fewer tokens than --max_model_len={args.max_model_len} (the prompt needs room)")
+    if args.overlong_buffer >= args.max_new_tokens:
+        bad("overlong_buffer", f"fewer tokens than --max_new_tokens={args.max_new_tokens}")
+    if args.ckpt_every < 0:
+        bad("ckpt_every", "an integer >= 0")
+    if args.tis_cap is not None and args.tis_cap <= 0:
+        bad("tis_cap", "a positive number")
+    if args.tis_cap is not None and args.mu_source == "vllm":   # mu would already be vLLM's: corrected twice
+        bad("tis_cap", "unset with --mu_source vllm (TIS reweights from vLLM's mu to the trainer's)")
+    if args.kl_coef < 0 or args.target_kl < 0:
+        bad("kl_coef" if args.kl_coef < 0 else "target_kl", "a number >= 0")
+    args.ratio_bounds = None if args.ratio_bounds == "none" else tuple(float(x) for x in args.ratio_bounds.split(","))
+    args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
+    if args.objective == "gppo":   # fails fast on a bad delta or bounds
+        gppo._check(args.divergence, args.estimator, args.delta, args.ratio_bounds, args.dual_clip, args.agg)
+    args.cell = f"{args.divergence}-{args.estimator}" if args.objective == "gppo" else args.objective
+    args.out_dir = args.out_dir or os.path.join("out", f"{args.cell}-seed{args.seed}")
+    return args
 
 
 # ----------------------------------------------------------------------------------------------
-# log-probs and entropy, chunked over tokens (choice 6)
+# log-probs and entropy from the last hidden states, in chunks (choice 6)
 
-def _chunk_logp_entropy(hidden, lm_head_weight, targets):
-    logits = (hidden @ lm_head_weight.t()).float()                      # (n, V)
-    logp_all = logits.log_softmax(-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)       # (n,)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)                      # (n,)
+def _chunk_logp_entropy(hidden, head, targets):
+    with torch.autocast(hidden.device.type, enabled=False):              # the head in float32, even under bf16
+        logits = hidden.float() @ head.float().t()                        # (n, V)
+        logp_all = logits.log_softmax(-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)    # (n,)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)                   # (n,)
     return logp, entropy.detach()
 
 
-def token_logprobs(model, ids, attn, resp_mask, chunk):
-    """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2."""
-    # through the wrapped model's own forward, so that DDP syncs the gradients (a call into the
-    # unwrapped body would skip it); logits_to_keep=1 keeps it from building the (B, T, V) logits
-    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True, logits_to_keep=1)
-    hidden = out.hidden_states[-1][:, :-1]                                       # (B, T-1, H), normed
-    head = accelerator.unwrap_model(model).lm_head.weight
-    targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                         # predict t+1
-    h, y = hidden[where], targets[where]                                         # (N, H), (N,)
-    parts = []
-    for s in range(0, len(y), chunk):
-        fn = _chunk_logp_entropy
-        args_ = (h[s:s + chunk], head, y[s:s + chunk])
-        parts.append(checkpoint(fn, *args_, use_reentrant=False) if torch.is_grad_enabled() else fn(*args_))
+def token_logprobs(model, ids, attn, resp_mask, chunk_mb=256):
+    """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2.
+
+    The forward goes through the (DDP/FSDP-)wrapped model, so its gradient hooks run, but asks for
+    the logits of one position only; the decoder's output (the normed last hidden states) is taken
+    with a forward hook, and the logits of the response tokens are made here chunk by chunk."""
+    from accelerate.utils import extract_model_from_parallel
+    inner, seen = extract_model_from_parallel(model), {}
+    hook = inner.get_decoder().register_forward_hook(lambda m, i, out: seen.update(h=out[0]))
+    try:
+        model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False)
+    finally:
+        hook.remove()
+    head = inner.get_output_embeddings().weight                             # (V, H)
+    head = head.full_tensor() if hasattr(head, "full_tensor") else head    # FSDP2 shard -> whole (differentiable)
+    targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                   # position t predicts t+1
+    h, y = seen["h"][:, :-1][where], targets[where]                         # (N, H), (N,)
+    rows = max(1, (chunk_mb << 20) // (4 * head.shape[0]))                # tokens per chunk of fp32 logits
+    fn = _chunk_logp_entropy
+    parts = [checkpoint(fn, h[s:s + rows], head, y[s:s + rows], use_reentrant=False) if torch.is_grad_enabled()
+             else fn(h[s:s + rows], head, y[s:s + rows]) for s in range(0, len(y), rows)]
     logp = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)
     ent = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)
     if parts:
@@ -184,426 +204,477 @@ def token_logprobs(model, ids, attn, resp_mask, chunk):
     return logp, ent
 
 
-def collate(batch, idx, pad_id, device, per_token=None):
-    """Right-padded prompt+completion ids of samples `idx`, their completion mask, and
-    `per_token` (one list of completion-length values per sample) laid out like the log-probs:
-    position t holds the value for predicting token t+1. (B, T), (B, T), (B, T), (B, T-1)"""
+def collate(batch, idx, pad_id, device, per_token=()):
+    """Right-padded prompt+completion ids of samples `idx`, their completion mask, and each of
+    `per_token` (lists of completion-length values per sample) laid out like the log-probs:
+    position t holds the value for predicting token t+1. (B, T), (B, T), (B, T), then (B, T-1) each."""
     seqs = [batch.prompt_ids[i] + batch.completion_ids[i] for i in idx]
     T = max(len(s) for s in seqs)
     ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(idx), T), dtype=torch.long)
-    resp = torch.zeros((len(idx), T), dtype=torch.long)
-    values = torch.zeros((len(idx), T - 1))
+    attn, resp = torch.zeros((len(idx), T), dtype=torch.long), torch.zeros((len(idx), T), dtype=torch.long)
+    values = [torch.zeros((len(idx), T - 1)) for _ in per_token]
     for j, i in enumerate(idx):
         n_p, n = len(batch.prompt_ids[i]), len(seqs[j])
         ids[j, :n], attn[j, :n], resp[j, n_p:n] = torch.tensor(seqs[j]), 1, 1
-        if per_token is not None:
-            values[j, n_p - 1:n - 1] = torch.as_tensor(per_token[i], dtype=torch.float32)
-    return ids.to(device), attn.to(device), resp.to(device), values.to(device)
-
-
-class PromptSampler:
-    """Which prompts each iteration trains on: shuffled epochs without replacement over each data
-    set (`--train_mix balanced`: every iteration takes an equal share of each) or over their union
-    (`proportional`). Deterministic in (seed, iteration), identical on every rank, and its state
-    (epoch and position per data set) is saved in checkpoints."""
-
-    def __init__(self, rows, mix, seed):
-        keys = [r["source"] for r in rows] if mix == "balanced" else ["all"] * len(rows)
-        self.pools = [[i for i, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)]
-        self.seed, self.epoch, self.pos = seed, [0] * len(self.pools), [0] * len(self.pools)
-        self.order = [self._shuffled(p) for p in range(len(self.pools))]
-
-    def _shuffled(self, p):
-        return random.Random(self.seed * 1009 + p * 101 + self.epoch[p]).sample(self.pools[p], len(self.pools[p]))
-
-    def take(self, n, it):
-        shares = [n // len(self.pools) + (p < n % len(self.pools)) for p in range(len(self.pools))]
-        out = []
-        for p, k in enumerate(shares):
-            if k > len(self.pools[p]):
-                raise ValueError(f"--prompts_per_iter={n} asks {k} prompts of a data set with {len(self.pools[p])}")
-            if self.pos[p] + k > len(self.pools[p]):     # next epoch, reshuffled
-                self.epoch[p], self.pos[p] = self.epoch[p] + 1, 0
-                self.order[p] = self._shuffled(p)
-            out += self.order[p][self.pos[p]:self.pos[p] + k]
-            self.pos[p] += k
-        return random.Random(self.seed * 7 + it).sample(out, len(out))   # mix the data sets
-
-    def state_dict(self):                             # for checkpoints: two small lists
-        return {"epoch": list(self.epoch), "pos": list(self.pos)}
-
-    def load_state_dict(self, state):
-        self.epoch, self.pos = list(state["epoch"]), list(state["pos"])
-        self.order = [self._shuffled(p) for p in range(len(self.pools))]
-
-
-def policy_loss(logp, old_logp, adv, mask, global_count):
-    if args.objective == "gppo":
-        return gppo.gppo_loss(logp, old_logp, adv, mask, args.divergence, args.estimator,
-                              delta=args.delta, ratio_bounds=ratio_bounds, dual_clip=dual_clip,
-                              agg=args.agg, global_count=global_count)
-    return gppo.BASELINES[args.objective](logp, old_logp, adv, mask, agg=args.agg,
-                                           global_count=global_count)
-
-
-def group_advantages(rewards, G):
-    """GRPO: (R - mean_group) / (std_group + eps) per group of G completions. (P*G,) -> (P*G,)"""
-    r = rewards.view(-1, G)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
+        for v, src in zip(values, per_token):
+            v[j, n_p - 1:n - 1] = torch.as_tensor(src[i], dtype=torch.float32)
+    return [t.to(device) for t in (ids, attn, resp, *values)]
 
 
 # ----------------------------------------------------------------------------------------------
-# checkpoints: written to a temporary folder, then renamed into place (a crash never leaves a
-# half-written folder under a final name), the last --keep_last kept
+# rewards and advantages
 
-def save_policy(model, tokenizer, path):
-    """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
-    state = accelerator.get_state_dict(model)        # gathered from the shards under FSDP
-    if master:
-        tmp = path + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    accelerator.wait_for_everyone()
-
-
-def checkpoints(ckpt_dir):
-    """Complete checkpoints, oldest first (a '.tmp' folder is an interrupted write: ignored)."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    names = [n for n in os.listdir(ckpt_dir) if n.startswith("iter_") and not n.endswith(".tmp")]
-    return [os.path.join(ckpt_dir, n) for n in sorted(names)]
-
-
-def save_checkpoint(ckpt_dir, it, sampler, model, tokenizer):
-    """Model, optimizer and every rank's RNG states (accelerate's save_state), the data position
-    and the iteration: what --resume needs to continue as if never stopped."""
-    path = os.path.join(ckpt_dir, f"iter_{it:06d}")
-    tmp = path + ".tmp"
-    if master:
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(tmp)                      # model, optimizer, random_states_<rank>.pkl
-    if master:
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump({"iter": it, "sampler": sampler.state_dict(), "args": vars(args)}, f)
-            f.flush(); os.fsync(f.fileno())
-    accelerator.wait_for_everyone()
-    if master:
-        os.replace(tmp, path)                        # the commit point
-        for old in checkpoints(ckpt_dir)[:-args.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return path
-
-
-def load_checkpoint(path, sampler):
-    """Restore what save_checkpoint wrote; returns the iteration it was taken after."""
-    accelerator.load_state(path)
-    with open(os.path.join(path, "trainer_state.json")) as f:
-        state = json.load(f)
-    sampler.load_state_dict(state["sampler"])
-    return state["iter"]
-
-
-def resume_path(ckpt_dir):
-    if args.resume == "latest":
-        found = checkpoints(ckpt_dir)
-        if not found:
-            raise FileNotFoundError(f"--resume: no complete checkpoint in {ckpt_dir}")
-        return found[-1]
-    if not os.path.isfile(os.path.join(args.resume, "trainer_state.json")):
-        raise FileNotFoundError(f"--resume={args.resume!r} is not a complete checkpoint folder "
-                                f"(no trainer_state.json); complete ones: {checkpoints(ckpt_dir)}")
-    return args.resume
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM: finish the running iteration, checkpoint, exit. A second one kills."""
-
-    def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = True
-        log(f"\n{signal.Signals(signum).name}: stopping after this iteration (again to abort)")
-        signal.signal(signal.SIGINT, signal.SIG_DFL); signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def gathered_weights(model):
-    """(name, full tensor) one parameter at a time, for the rollout engine: under FSDP2 each
-    parameter is a DTensor shard, gathered with full_tensor() only when the engine asks for it."""
-    for name, t in accelerator.unwrap_model(model).state_dict().items():
-        yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
-
-
-def save_rollouts(folder, it, batch):
-    """--save_rollouts: this rank's RolloutBatch of iteration `it` as JSON (for --replay_rollouts)."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"iter_{it:06d}_rank{rank:03d}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(dataclasses.asdict(batch), f)
-    os.replace(path + ".tmp", path)
-
-
-def replayed_rollouts(folder, it, take, G):
-    """--replay_rollouts: the rollouts a --save_rollouts run sampled at iteration `it`, whatever its
-    number of processes: its rank files are joined in rank order (the iteration's prompt order)
-    and this rank takes its share, so runs on different world sizes train on the same batch."""
-    files = sorted(f for f in os.listdir(folder) if f.startswith(f"iter_{it:06d}_rank"))
-    if not files:
-        raise FileNotFoundError(f"--replay_rollouts={folder!r} has no rollouts of iteration {it}")
-    whole = {field.name: [] for field in dataclasses.fields(RolloutBatch)}
-    for name in files:
-        with open(os.path.join(folder, name)) as f:
-            for k, v in json.load(f).items():
-                whole[k] += v
-    lo, hi = rank * len(take) * G, (rank + 1) * len(take) * G
-    part = RolloutBatch(**{k: v[lo:hi] for k, v in whole.items()})
-    if part.prompt_ids[::G] != [r["prompt_ids"] for r in take]:
-        raise ValueError(f"--replay_rollouts={folder!r}: iteration {it}'s prompts differ from this run's "
-                         "(replay needs the same --seed, --train_data, --prompts_per_iter and --group_size)")
-    return part
-
-
-# ----------------------------------------------------------------------------------------------
-# options of mature trainers (all off by default)
-
-def shape_rewards(rewards, batch):
-    """--overlong punish (DAPO eq. 13's soft punishment): a response longer than
-    max_new_tokens - buffer loses (excess / buffer), reaching -1 at the limit; truncated ones -1."""
-    if args.overlong != "punish":
-        return rewards
-    start = args.max_new_tokens - args.overlong_buffer
-    excess = torch.tensor([max(0, len(c) - start) for c in batch.completion_ids], dtype=torch.float32)
-    return rewards - (excess / args.overlong_buffer).clamp(max=1.0)
-
-
-def kept_samples(rewards, batch, G):   # rewards: after shape_rewards
+def kept_samples(args, shaped, batch):
     """Samples that take part in the updates: --drop_uniform_groups removes whole groups whose
     rewards are all equal (zero advantage, DAPO's dynamic sampling); --overlong mask removes
     truncated responses (they neither push nor pull)."""
-    keep = torch.ones(len(rewards), dtype=torch.bool)
+    keep = torch.ones(len(shaped), dtype=torch.bool)
     if args.drop_uniform_groups:
-        r = rewards.view(-1, G)
-        keep &= (r.max(1).values > r.min(1).values).repeat_interleave(G)
+        r = shaped.view(-1, args.group_size)
+        keep &= (r.max(1).values > r.min(1).values).repeat_interleave(args.group_size)
     if args.overlong == "mask":
         keep &= ~torch.tensor(batch.truncated, dtype=torch.bool)
     return keep
 
 
-def reference_kl(ref_model, ids, attn, resp, logp):
-    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (Schulman's
-    unbiased, always-positive estimator, as GRPO's paper uses)."""
+# ----------------------------------------------------------------------------------------------
+# the updates (choices 4-5)
+
+def minibatches(args, it, world):
+    """The iteration's mini-batches as lists of prompt positions (0..P-1), the same for every
+    process count, and `mine(rank)`: the positions a rank samples, its share of every mini-batch."""
+    P, M = args.prompts_per_iter, args.prompts_per_update
+    perm = random.Random(args.seed * 7919 + it).sample(range(P), P)
+    batches = [perm[u * M:(u + 1) * M] for u in range(P // M)]
+    share = M // world
+    return batches, lambda rank: sorted(p for b in batches for p in b[rank * share:(rank + 1) * share])
+
+
+def policy_loss(args, lp, old_lp, adv, mask, count, **extra):
+    if args.objective == "gppo":
+        return gppo.gppo_loss(lp, old_lp, adv, mask, args.divergence, args.estimator, delta=args.delta,
+                              ratio_bounds=args.ratio_bounds, dual_clip=args.dual_clip, agg=args.agg,
+                              global_count=count)
+    return gppo.BASELINES[args.objective](lp, old_lp, adv, mask, agg=args.agg, global_count=count, **extra)
+
+
+def update(args, acc, model, opt, ref_model, batch, old, tis, adv, keep, batches, local, it, pad_id):
+    """`epochs` passes over the mini-batches, one AdamW step each. Returns the token-weighted
+    sums of the loss stats (ratio_max a max), the by-mu token and clipped counts, the grad norms,
+    the mini-batches' KL, and (mu_source vllm) the trainer-vLLM log-prob gap before the first step."""
+    G, dev, world = args.group_size, acc.device, acc.num_processes
+    where = {pos: k for k, pos in enumerate(local)}            # prompt position -> index in this rank's batch
+    share = args.prompts_per_update // world
+    sums, tok_b, clip_b, norms, kls = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}, \
+        [0.0] * 4, [0.0] * 4, [], []
+    gap = [0.0, 0]
+    ddp = acc.distributed_type.name in ("MULTI_CPU", "MULTI_GPU")   # no_sync: one all-reduce per step
+    for epoch in range(args.epochs):
+        order = list(range(len(batches))) if epoch == 0 else \
+            random.Random(args.seed * 7919 + it * 131 + epoch).sample(range(len(batches)), len(batches))
+        for u in order:
+            mine = [where[p] for p in batches[u][acc.process_index * share:(acc.process_index + 1) * share]]
+            samples = [q * G + j for q in mine for j in range(G) if keep[q * G + j]]
+            chunks = [samples[s:s + args.micro_batch_size] for s in range(0, len(samples), args.micro_batch_size)]
+            tokens = [len(batch.completion_ids[i]) for i in samples]
+            local_count = sum(tokens) if args.agg == "token-mean" else sum(t > 0 for t in tokens)
+            # one collective: the mini-batch's denominator over all ranks and the most micro-batches any has
+            sizes = acc.gather(torch.tensor([[float(local_count), float(len(chunks))]], device=dev))
+            count, n_chunks = sizes[:, 0].sum().item(), int(sizes[:, 1].max().item())
+            if count == 0:          # every sample of this mini-batch dropped, on every rank
+                continue
+            detach = clip_cov_selection(args, acc, model, batch, chunks, n_chunks, old, adv,
+                                        args.seed * 1_000_003 + it * 1009 + u, pad_id) \
+                if args.objective == "clip_cov" else None
+            step_kl = torch.zeros(2, dtype=torch.float64, device=dev)
+            for c in range(n_chunks):
+                filler = c >= len(chunks)       # this rank kept fewer samples: a zero-weight pass (choice 4)
+                idx = [0] if filler else chunks[c]
+                ids, attn, resp, old_lp, w_tis = collate(batch, idx, pad_id, dev, (old, tis))
+                sync = acc.no_sync(model) if ddp and c < n_chunks - 1 else nullcontext()
+                with sync:
+                    lp, ent = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb)
+                    m = resp[:, 1:].float() * (0.0 if filler else 1.0)
+                    a = adv[idx].to(dev)
+                    if args.tis_cap:    # a positive per-token weight on A is exactly TIS's weight on the loss
+                        a = a[:, None] * w_tis
+                    extra = {"detach": detach[c]} if detach is not None and not filler else {}
+                    # DDP averages gradients over ranks, so scale by world to keep the global mean
+                    loss, st = policy_loss(args, lp, old_lp, a, m, count / world, **extra)
+                    if ref_model is not None:   # k3 to the reference, aggregated like the policy loss
+                        with torch.no_grad():
+                            ref_lp, _ = token_logprobs(ref_model, ids, attn, resp, args.logp_chunk_mb)
+                        d = ref_lp - lp
+                        kl = d.exp() - d - 1
+                        loss = loss + args.kl_coef * gppo._aggregate(kl * m, m.bool(), args.agg, count / world)
+                        sums["kl_ref"] += (kl.detach() * m).sum().item()
+                    acc.backward(loss)
+                if filler:
+                    continue
+                if args.mu_source == "vllm" and not norms:   # no step yet: pi is still the sampler's weights
+                    gap[0] += ((lp - old_lp).abs() * m).sum().item()
+                    gap[1] += m.sum().item()
+                w = m.sum().item()
+                for k in gppo.STATS:
+                    sums[k] = max(sums[k], st[k]) if k == "ratio_max" else sums[k] + st[k] * w
+                for b in range(4):
+                    tok_b[b] += st["token_frac_by_mu"][b] * w
+                    clip_b[b] += st["clip_frac_by_mu"][b] * st["token_frac_by_mu"][b] * w
+                sums["entropy"] += (ent * m).sum().item()
+                sums["n_tok"] += w
+                step_kl += torch.tensor([st["kl_k3"] * w, w], dtype=torch.float64, device=dev)
+            step_kl = acc.reduce(step_kl, "sum")
+            kls.append((step_kl[0] / step_kl[1].clamp(min=1)).item())
+            if args.target_kl and kls[-1] > args.target_kl:   # choice 5: drifted too far, stop here
+                opt.zero_grad(set_to_none=True)
+                return sums, tok_b, clip_b, norms, kls, gap
+            norms.append(float(acc.clip_grad_norm_(model.parameters(), args.grad_clip)))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return sums, tok_b, clip_b, norms, kls, gap
+
+
+def clip_cov_selection(args, acc, model, batch, chunks, n_chunks, old, adv, seed, pad_id):
+    """Clip-Cov's covariance rule over the whole mini-batch (all micro-batches and ranks), so that
+    micro-batching does not change it: a no-grad pass gives the centre (mean log-prob and advantage)
+    and the candidates (gppo.clip_cov_candidates); k = max(1, clip_ratio x N) of all candidates are
+    drawn by a generator seeded alike on every rank. Returns a (B, T-1) bool per micro-batch."""
+    import inspect
+    ratio = inspect.signature(gppo.clip_cov_loss).parameters["clip_ratio"].default
+    parts = []                                     # per micro-batch: log-prob, mu, advantage, valid
     with torch.no_grad():
-        ref_lp, _ = token_logprobs(ref_model, ids, attn, resp, args.logp_chunk)
-    d = ref_lp - logp
-    return d.exp() - d - 1
+        for c in range(n_chunks):                  # as many forwards as the training pass: collectives pair up
+            idx = chunks[c] if c < len(chunks) else [0]
+            ids, attn, resp, old_lp = collate(batch, idx, pad_id, acc.device, (old,))
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb)
+            parts.append((lp, old_lp, adv[idx].to(lp.device)[:, None].expand_as(lp), resp[:, 1:].bool() & (c < len(chunks))))
+    tot = sum(torch.stack([torch.where(m, lp, 0).sum(), torch.where(m, a, 0).sum(), m.sum()]).double()
+              for lp, _, a, m in parts)
+    s_lp, s_a, n = acc.reduce(tot, "sum").tolist()
+    cands = [gppo.clip_cov_candidates(lp, o, a, m, (s_lp / max(n, 1), s_a / max(n, 1))) & m for lp, o, a, m in parts]
+    flat = torch.cat([c.flatten() for c in cands]).cpu()                 # this rank's candidates, in order
+    counts = acc.gather(flat.sum().view(1).to(acc.device)).tolist()      # every rank's number of them
+    drawn = torch.zeros(sum(counts), dtype=torch.bool)
+    k = min(max(1, int(ratio * n)), sum(counts))
+    drawn[torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed))[:k]] = True
+    rank = acc.process_index
+    detach = torch.zeros_like(flat)
+    detach[flat.nonzero().squeeze(1)[drawn[sum(counts[:rank]):sum(counts[:rank + 1])]]] = True
+    return [d.view_as(c).to(c.device) for d, c in zip(detach.split([c.numel() for c in cands]), cands)]
 
 
 # ----------------------------------------------------------------------------------------------
-def main():
-    os.makedirs(out_dir, exist_ok=True)
+# logging: every rank's sums in one gather
+
+def log_row(args, acc, it, batch, rows, rewards, shaped, keep, gap, upd, sources, times):
+    """The iteration's metrics row (README "What each metric means"), reduced over ranks."""
+    sums, tok_b, clip_b, norms, kls = upd
+    G, n = args.group_size, len(rewards)
+    lens = torch.tensor([len(c) for c in batch.completion_ids], dtype=torch.float64)
+    trunc = torch.tensor(batch.truncated, dtype=torch.float64)
+    groups, sg = rewards.view(-1, G).double(), shaped.view(-1, G)
+    by_source = [x for s in sources for x in (sum(rewards[i].item() for i in range(n) if rows[i // G]["source"] == s),
+                                               sum(1.0 for i in range(n) if rows[i // G]["source"] == s))]
+    stat_keys = [k for k in sums if k != "ratio_max"]
+    local = [n, rewards.sum(), (rewards ** 2).sum(), lens.sum(), trunc.sum(), keep.sum(), (rewards - shaped).sum(),
+             n // G, (groups.max(1).values > 0).sum(), (sg.max(1).values == sg.min(1).values).sum(),
+             gap[0], gap[1], *by_source, *[sums[k] for k in stat_keys], *tok_b, *clip_b, sums["ratio_max"]]
+    every = acc.gather(torch.tensor([[float(x) for x in local]], dtype=torch.float64, device=acc.device)).cpu()
+    tot, ratio_max = every[:, :-1].sum(0).tolist(), every[:, -1].max().item()
+    (N, r_sum, r2_sum, len_sum, trunc_sum, keep_sum, pen_sum, n_groups, solved, uniform, gap_sum, gap_n), rest = \
+        tot[:12], tot[12:]
+    src, rest = rest[:2 * len(sources)], rest[2 * len(sources):]
+    stats, tok, clip = dict(zip(stat_keys, rest)), rest[len(stat_keys):len(stat_keys) + 4], rest[len(stat_keys) + 4:]
+    n_tok = max(stats.pop("n_tok"), 1.0)
+    row = dict(iter=it, reward_mean=r_sum / N, reward_std=math.sqrt(max(0.0, (r2_sum - r_sum ** 2 / N) / max(N - 1, 1))),
+               reward_by_source={s: src[2 * j] / max(src[2 * j + 1], 1) for j, s in enumerate(sources)},
+               solve_rate=solved / n_groups, response_len=len_sum / N, truncated_frac=trunc_sum / N,
+               kept_frac=keep_sum / N, overlong_penalty=pen_sum / N, uniform_group_frac=uniform / n_groups,
+               lr=args.lr, logp_gap_vllm=gap_sum / max(gap_n, 1),
+               **{k: v / n_tok for k, v in stats.items()}, ratio_max=ratio_max,
+               token_frac_by_mu=[x / n_tok for x in tok], clip_frac_by_mu=[c / max(x, 1.0) for c, x in zip(clip, tok)],
+               kl_k3_max=max(kls, default=0.0), updates=len(norms),
+               grad_norm=float(np.mean(norms)) if norms else 0.0, **times)
+    row["tokens_per_s"] = len_sum / row["time_iter_s"]
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoints: accelerate's save_state (model, optimizer, every rank's RNG, the prompt sampler),
+# written to iter_N.tmp and renamed: a crash never leaves a half-written folder under a final name
+
+def checkpoints(ckpt_dir):
+    """Complete checkpoints, oldest first (a '.tmp' folder is an interrupted write: ignored)."""
+    names = sorted(n for n in os.listdir(ckpt_dir) if n.startswith("iter_") and not n.endswith(".tmp")) \
+        if os.path.isdir(ckpt_dir) else []
+    return [os.path.join(ckpt_dir, n) for n in names]
+
+
+def save_checkpoint(args, acc, ckpt_dir, it):
+    path = os.path.join(ckpt_dir, f"iter_{it:06d}")
+    if acc.is_main_process:
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+    acc.wait_for_everyone()
+    acc.save_state(path + ".tmp")
+    if acc.is_main_process:
+        with open(os.path.join(path + ".tmp", "trainer_state.json"), "w") as f:
+            json.dump({"iter": it, "args": {k: v for k, v in vars(args).items() if k != "cell"}}, f)
+            f.flush(); os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)              # the commit point
+        for stale in checkpoints(ckpt_dir)[:-args.keep_last]:
+            shutil.rmtree(stale, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def load_checkpoint(args, acc, ckpt_dir):
+    """--resume: restore the latest (or the given) checkpoint; returns the iteration it followed.
+    Flags that change the run must match the checkpoint's unless --resume_with_changes."""
+    path = args.resume
+    if path == "latest":
+        if not checkpoints(ckpt_dir):
+            raise FileNotFoundError(f"--resume: no complete checkpoint in {ckpt_dir}")
+        path = checkpoints(ckpt_dir)[-1]
+    if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+        raise FileNotFoundError(f"--resume={path!r} is not a complete checkpoint folder "
+                                f"(no trainer_state.json); complete ones: {checkpoints(ckpt_dir)}")
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        state = json.load(f)
+    now = json.loads(json.dumps({k: v for k, v in vars(args).items() if k != "cell"}))   # tuples as lists
+    changed = {k: (v, now.get(k)) for k, v in state["args"].items() if k not in RUN_NEUTRAL and now.get(k) != v}
+    if changed and not args.resume_with_changes:
+        raise ValueError(f"--resume: {path} was made with other flags: "
+                         + ", ".join(f"--{k} {a!r} (now {b!r})" for k, (a, b) in changed.items())
+                         + "; pass --resume_with_changes to continue anyway")
+    acc.load_state(path)
+    return path, state["iter"]
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM (torchrun sends it to every worker, then SIGKILL 30 s later): finish the
+    running iteration, checkpoint, exit 130. A second signal kills at once. The handler only sets
+    a flag and writes with os.write: print() inside a signal handler can raise on reentry."""
+
+    def __init__(self, master):
+        self.requested, self.master = False, master
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        if self.master:
+            os.write(2, f"\n{signal.Signals(signum).name}: stopping after this iteration (again to abort)\n".encode())
+        signal.signal(signal.SIGINT, signal.SIG_DFL); signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# ----------------------------------------------------------------------------------------------
+# the loop
+
+def behaviour_logprobs(args, model, batch, pad_id, device):
+    """Phase 3: mu per sample, (len_i,) each: the trainer's log-probs under the weights that
+    sampled (recompute), or vLLM's own (no forward pass). Also the truncated-IS weights and the
+    summed |trainer - vLLM| log-prob gap over tokens (with mu_source vllm, update() measures it)."""
+    n = len(batch.texts)
+    if args.mu_source == "vllm":
+        return [torch.tensor(lp) for lp in batch.logprobs], None, [0.0, 0]
+    old, tis, gap = [None] * n, [None] * n, [0.0, 0]
+    with torch.no_grad():
+        for s in range(0, n, args.micro_batch_size):
+            idx = list(range(s, min(s + args.micro_batch_size, n)))
+            ids, attn, resp, vllm_lp = collate(batch, idx, pad_id, device, (batch.logprobs,))
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb)
+            m = resp[:, 1:].bool()
+            gap[0] += (lp - vllm_lp).abs()[m].sum().item()
+            gap[1] += m.sum().item()
+            # truncated IS: the samples came from vLLM's mu_vllm, not from the trainer's pi_old;
+            # weight each token by min(pi_old / mu_vllm, cap) (Yao et al., 2025)
+            w = (lp - vllm_lp).exp().clamp(max=args.tis_cap) if args.tis_cap else torch.ones_like(lp)
+            for j, i in enumerate(idx):
+                old[i], tis[i] = lp[j][m[j]].cpu(), w[j][m[j]].cpu()
+    return old, tis, gap
+
+
+def setup(args):
+    """Accelerator, data (checked first: a bad row fails before any model loads), policy and
+    optimizer, reference model, rollout engine. Returns them in one namespace."""
+    from types import SimpleNamespace
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from data.loaders import PromptSampler
+    from eval import load_rows
+    from rollout import make_engine
+    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=args.mixed_precision)
+    rank, world = acc.process_index, acc.num_processes
+    if args.tensor_parallel_size > 1 and world > 1:   # each rank samples its own prompts with its own engine
+        raise ValueError(f"--tensor_parallel_size={args.tensor_parallel_size}; accepted: 1 when {world} "
+                         "training processes each run an engine")
+    if args.prompts_per_update % world:
+        raise ValueError(f"--prompts_per_update={args.prompts_per_update}; accepted: a multiple of the {world} processes")
+    if args.threads:   # before the engine starts: vLLM's CPU worker then refuses torch.set_num_threads
+        torch.set_num_threads(args.threads)
+    random.seed(args.seed + rank); np.random.seed(args.seed + rank); torch.manual_seed(args.seed)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id   # Llama: no pad token
+    if pad_id is None:
+        raise ValueError(f"--model={args.model!r}: its tokenizer has neither a pad nor an EOS token")
+    limit = args.max_model_len - args.max_new_tokens
+    rows = load_rows(args.train_data, "train", args.data_dir, args.template, tok, max_prompt_tokens=limit)
+    eval_rows = load_rows(args.eval_data, "test", args.data_dir, args.template, tok, max_prompt_tokens=limit) \
+        if args.eval_data else []
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    model, opt = accelerator.prepare(model, opt)
+    model, opt = acc.prepare(model, opt)
+    sampler = PromptSampler(rows, args.train_mix, args.seed)
+    acc.register_for_checkpointing(sampler)           # its position goes into every checkpoint
     ref_model = None
     if args.kl_coef > 0:
         ref_model = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=torch.float32)
-        ref_model = accelerator.prepare_model(ref_model.eval().requires_grad_(False), evaluation_mode=True)
-    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len,
-                         seed=args.seed + rank, kv_cache_gib=args.kv_cache_gib,
+        ref_model = acc.prepare_model(ref_model.eval().requires_grad_(False), evaluation_mode=True)
+    longest = max(len(r["prompt_ids"]) for r in rows + eval_rows)
+    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len, seed=args.seed + rank,
+                         dtype=args.vllm_dtype, kv_cache_sequences=args.prompts_per_iter // world * args.group_size,
+                         kv_cache_tokens=longest + args.max_new_tokens,
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          tensor_parallel_size=args.tensor_parallel_size, sleep_mode=args.sleep_mode)
-    tok = engine.tokenizer
-    rows = load_rows(args.train_data, "train", args.data_dir, args.template, tok)
-    sampler, history, start = PromptSampler(rows, args.train_mix, args.seed), [], 0
-    ckpt_dir = os.path.join(out_dir, "checkpoints")
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    log = (lambda *a: print(*a, flush=True)) if acc.is_main_process else (lambda *a: None)
+    return SimpleNamespace(acc=acc, tok=tok, pad_id=pad_id, rows=rows, eval_rows=eval_rows, model=model, opt=opt,
+                           sampler=sampler, ref_model=ref_model, engine=engine, log=log,
+                           sources=sorted({r["source"] for r in rows}))
+
+
+def rollout(args, run, it):
+    """Phase 1: this rank's share of every mini-batch's prompts, G completions each."""
+    from rollout import replayed_rollouts, save_rollouts
+    chosen = run.sampler.take(args.prompts_per_iter, it)
+    batches, mine = minibatches(args, it, run.acc.num_processes)
+    local = mine(run.acc.process_index)
+    take = [run.rows[chosen[p]] for p in local]
+    if args.replay_rollouts:
+        batch = replayed_rollouts(args.replay_rollouts, it, local, args.group_size)
+    else:
+        batch = run.engine.generate([r["prompt_ids"] for r in take], n=args.group_size, max_tokens=args.max_new_tokens,
+                                    seed=args.seed * 100003 + it * 101 + run.acc.process_index)
+    if args.save_rollouts:
+        save_rollouts(args.save_rollouts, it, run.acc.process_index, batch, local)
+    run.engine.sleep()          # --sleep_mode: vLLM frees its KV cache and offloads its weights (GPU)
+    return batch, take, batches, local
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from rollout import weight_buckets
+    run = setup(args)
+    acc, log, G = run.acc, run.log, args.group_size
+    os.makedirs(args.out_dir, exist_ok=True)
+    ckpt_dir, metrics_path = os.path.join(args.out_dir, "checkpoints"), os.path.join(args.out_dir, "metrics.jsonl")
+    history, start = [], 0
     if args.resume:
-        path = resume_path(ckpt_dir)
-        start = load_checkpoint(path, sampler)
-        engine.sync_weights(gathered_weights(model))          # the engine started from --model
-        if os.path.exists(metrics_path):                      # rows past the checkpoint are redone
+        path, start = load_checkpoint(args, acc, ckpt_dir)
+        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))   # it started from --model
+        if os.path.exists(metrics_path):                                          # rows past it are redone
             history = [r for r in map(json.loads, open(metrics_path)) if r["iter"] <= start]
         log(f"resumed from {path} (after iteration {start})")
-    if master:   # rewritten, not appended blindly: a crash may have logged iterations past `start`
+    if acc.is_main_process:   # rewritten, not appended blindly: a crash may have logged iterations past `start`
         with open(metrics_path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in history)
         os.replace(metrics_path + ".tmp", metrics_path)
-    log(f"{cell}: {len(rows)} train prompts | {updates_per_iter} updates/iter | {world} process(es) | out {out_dir}")
-    if args.wandb and master:
+    log(f"{args.cell}: {len(run.rows)} train prompts | {args.prompts_per_iter // args.prompts_per_update * args.epochs} "
+        f"updates/iter | {acc.num_processes} process(es) | out {args.out_dir}")
+    if args.wandb and acc.is_main_process:
         import wandb
-        wandb.init(project=args.wandb, name=os.path.basename(out_dir), config=vars(args), resume="allow")
-    metrics_file = open(metrics_path if master else os.devnull, "a")
-    per_rank, G, dev = args.prompts_per_iter // world, args.group_size, accelerator.device
-    stop, saved = StopRequest(), start
+        wandb.init(project=args.wandb, name=os.path.basename(args.out_dir), config=vars(args), resume="allow")
+    metrics_file = open(metrics_path if acc.is_main_process else os.devnull, "a")
+    stop, scorer = StopRequest(acc.is_main_process), ThreadPoolExecutor(1)
+    if args.eval_before and run.eval_rows and start == 0:
+        evaluate(args, run, "eval_start.json")
 
     for it in range(start + 1, args.iters + 1):
-        t_iter = time.time()
-        # -- 1. rollout: this rank's share of the iteration's prompts (whole groups) --
-        chosen = sampler.take(args.prompts_per_iter, it)
-        take = [rows[i] for i in chosen[rank * per_rank:(rank + 1) * per_rank]]
+        t0 = t = time.time()
+        # -- 1. rollout --
+        batch, take, batches, local = rollout(args, run, it)
+        times = {"time_rollout_s": time.time() - t}
+        # -- 2 and 3 at once: rewards (sandboxes, verifier processes) in a thread while the
+        # behaviour log-probs mu are computed, once, before any update --
         t = time.time()
-        if args.replay_rollouts:
-            batch = replayed_rollouts(args.replay_rollouts, it, take, G)
-        else:
-            batch = engine.generate([r["prompt_ids"] for r in take], n=G, max_tokens=args.max_new_tokens,
-                                    seed=args.seed * 100003 + it * 101 + rank)
-        if args.save_rollouts:
-            save_rollouts(args.save_rollouts, it, batch)
-        time_rollout = time.time() - t
-        engine.sleep()          # --sleep_mode: vLLM frees its KV cache and moves its weights off the GPU
-        # -- 2. reward and group-relative advantages --
-        t = time.time()
-        rewards = torch.zeros(len(batch.texts))
-        for task in sorted({r["task"] for r in take}):
-            idx = [i for i in range(len(batch.texts)) if take[i // G]["task"] == task]
-            got = reward.score(task, [batch.texts[i] for i in idx], [take[i // G]["ground_truth"] for i in idx])
-            rewards[idx] = torch.tensor(got)
-        time_reward = time.time() - t
-        shaped = shape_rewards(rewards, batch)
-        adv = group_advantages(shaped, G)
-        keep = kept_samples(shaped, batch, G)
-        # -- 3. behaviour log-probs mu, once, before any update --
-        t = time.time()
-        n = len(batch.texts)
-        micro = [list(range(s, min(s + args.micro_batch_size, n))) for s in range(0, n, args.micro_batch_size)]
-        old, tis, gap = [None] * n, [None] * n, []   # per sample i: (len_i,) values
-        with torch.no_grad():
-            for idx in micro:
-                ids, attn, resp, vllm_lp = collate(batch, idx, tok.pad_token_id, dev, batch.logprobs)
-                lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk)
-                m = resp[:, 1:].bool()
-                gap.append((lp - vllm_lp).abs()[m])
-                src = lp if args.mu_source == "recompute" else vllm_lp
-                # truncated IS: the samples came from vLLM's mu_vllm, not from the trainer's
-                # pi_old; weight each token by min(pi_old / mu_vllm, cap) (Yao et al., 2025)
-                w = (lp - vllm_lp).exp().clamp(max=args.tis_cap) if args.tis_cap else torch.ones_like(lp)
-                for j, i in enumerate(idx):
-                    old[i], tis[i] = src[j][m[j]].cpu(), w[j][m[j]].cpu()
-        time_logp = time.time() - t
-        # -- 4. P/M updates, each a token-mean over its whole mini-batch --
-        t = time.time()
-        prompt_order = random.Random(args.seed * 7919 + it).sample(range(per_rank), per_rank)
-        per_update = args.prompts_per_update // world
-        # token-weighted sums over the iteration (ratio_max a max), so micro-batching does not
-        # change what is logged
-        acc, n_tok, grad_norms = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref")}, 0.0, []
-        for u in range(updates_per_iter):
-            prompts_u = prompt_order[u * per_update:(u + 1) * per_update]
-            samples = [q * G + j for q in prompts_u for j in range(G) if keep[q * G + j]]
-            chunks = [samples[s:s + args.micro_batch_size] for s in range(0, len(samples), args.micro_batch_size)]
-            local = sum(len(batch.completion_ids[i]) for i in samples)
-            if args.agg == "token-mean":
-                count = torch.tensor(float(local), device=dev)
-            else:   # seq-mean-*: the denominator counts sequences with at least one token
-                count = torch.tensor(float(sum(len(batch.completion_ids[i]) > 0 for i in samples)), device=dev)
-            count = accelerator.reduce(count, "sum").item()
-            if count == 0:          # every sample of this mini-batch dropped, on every rank
-                continue
-            for idx in chunks:
-                ids, attn, resp, old_lp = collate(batch, idx, tok.pad_token_id, dev, old)
-                lp, ent = token_logprobs(model, ids, attn, resp, args.logp_chunk)
-                m = resp[:, 1:].float()
-                a = adv[idx].to(dev)
-                if args.tis_cap:    # a positive per-token weight on A is exactly TIS's weight on the loss
-                    a = a[:, None] * collate(batch, idx, tok.pad_token_id, dev, tis)[3]
-                # DDP averages gradients over ranks, so scale by world to keep the global mean
-                loss, st = policy_loss(lp, old_lp, a, m, count / world)
-                w = m.sum().item()
-                if ref_model is not None:   # same normalisation as the policy loss
-                    kl = reference_kl(ref_model, ids, attn, resp, lp)
-                    loss = loss + args.kl_coef * (kl * m).sum() / (count / world)
-                    acc["kl_ref"] += (kl.detach() * m).sum().item()
-                accelerator.backward(loss)
-                for k in gppo.STATS:
-                    acc[k] = max(acc[k], st[k]) if k == "ratio_max" else acc[k] + st[k] * w
-                acc["entropy"] += (ent * m).sum().item()
-                n_tok += w
-            gn = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-            grad_norms.append(float(gn))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        time_update = time.time() - t
-        # -- 5. new weights into the rollout engine (choice 7) --
-        t = time.time()
-        engine.wake_up()        # weights back in place before they are overwritten, as vLLM requires
-        engine.sync_weights(gathered_weights(model))
-        time_sync = time.time() - t
+        scoring = scorer.submit(reward.score_rows, batch.texts, [take[i // G] for i in range(len(batch.texts))])
+        old, tis, gap = behaviour_logprobs(args, run.model, batch, run.pad_id, acc.device)
+        times["time_logp_s"], t = time.time() - t, time.time()
+        rewards = torch.tensor(scoring.result())         # time_reward_s: the wait beyond the log-probs
+        shaped = rewards if args.overlong != "punish" else rewards - torch.tensor(reward.overlong_penalty(
+            [len(c) for c in batch.completion_ids], args.max_new_tokens, args.overlong_buffer))
+        adv, keep = gppo.group_advantages(shaped, G), kept_samples(args, shaped, batch)
+        times["time_reward_s"], t = time.time() - t, time.time()
+        # -- 4. the updates --
+        upd = update(args, acc, run.model, run.opt, run.ref_model, batch, old, tis, adv, keep, batches, local, it,
+                     run.pad_id)
+        times["time_update_s"], t = time.time() - t, time.time()
+        # -- 5. new weights into the rollout engine --
+        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))
+        times["time_sync_s"], times["time_iter_s"] = time.time() - t, time.time() - t0
 
-        # -- logging: gathered over ranks --
-        lens = torch.tensor([len(c) for c in batch.completion_ids], dtype=torch.float32)
-        rewards_all = accelerator.gather(rewards.to(dev)).cpu()
-        lens_all = accelerator.gather(lens.to(dev)).cpu()
-        trunc = accelerator.gather(torch.tensor(batch.truncated, dtype=torch.float32, device=dev)).cpu()
-        kept = accelerator.gather(keep.float().to(dev)).cpu()
-        shaped_all = accelerator.gather(shaped.to(dev)).cpu().view(-1, G)
-        gap_all = torch.cat(gap)
-        gap_sum = accelerator.reduce(torch.tensor([gap_all.sum().item(), len(gap_all)], dtype=torch.float64, device=dev), "sum")
-        # the token-weighted sums of every rank (ratio_max: the largest of any rank)
-        keys = [k for k in acc if k != "ratio_max"]
-        sums = accelerator.reduce(torch.tensor([acc[k] for k in keys] + [n_tok], dtype=torch.float64, device=dev), "sum")
-        acc.update(zip(keys, sums[:-1].tolist()))
-        n_tok = sums[-1].item()
-        acc["ratio_max"] = accelerator.gather(torch.tensor([acc["ratio_max"]], device=dev)).max().item()
-        row = dict(iter=it, reward_mean=rewards_all.mean().item(), reward_std=rewards_all.std().item(),
-                   solve_rate=(rewards_all.view(-1, G).max(1).values > 0).float().mean().item(),
-                   response_len=lens_all.mean().item(), truncated_frac=trunc.mean().item(),
-                   kept_frac=kept.mean().item(), overlong_penalty=(rewards_all - shaped_all.flatten()).mean().item(),
-                   uniform_group_frac=(shaped_all.max(1).values == shaped_all.min(1).values).float().mean().item(),
-                   lr=opt.param_groups[0]["lr"], logp_gap_vllm=(gap_sum[0] / gap_sum[1].clamp(min=1)).item(),
-                   **{k: v if k == "ratio_max" else v / max(n_tok, 1.0) for k, v in acc.items()},
-                   grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
-                   time_rollout_s=time_rollout, time_reward_s=time_reward, time_logp_s=time_logp,
-                   time_update_s=time_update, time_sync_s=time_sync)
-        row["time_iter_s"] = time.time() - t_iter
-        row["tokens_per_s"] = lens_all.sum().item() / row["time_iter_s"]
+        row = log_row(args, acc, it, batch, take, rewards, shaped, keep, upd[5] if args.mu_source == "vllm" else gap,
+                      upd[:5], run.sources, times)
         history.append(row)
         metrics_file.write(json.dumps(row) + "\n"); metrics_file.flush()
-        if args.wandb and master:
+        if args.wandb and acc.is_main_process:
             wandb.log(row, step=it)
         log(f"iter {it}/{args.iters} | reward {row['reward_mean']:.3f} | solve {row['solve_rate']:.2f} | "
             f"clip {row['clip_frac']:.3f} | ent {row['entropy']:.3f} | len {row['response_len']:.1f} | "
-            f"gn {row['grad_norm']:.2f} | {row['time_iter_s']:.1f}s")
+            f"kl {row['kl_k3']:.4f} | gn {row['grad_norm']:.2f} | {row['time_iter_s']:.1f}s")
         if args.sample_every and it % args.sample_every == 0:
             for i in range(0, min(len(batch.texts), 3 * G), G):
                 log(f"  [{rewards[i]:.0f}] {take[i // G]['problem'].strip()!r} -> {batch.texts[i]!r}")
         # stop requests are agreed on by all ranks, so every rank checkpoints together
-        stopping = accelerator.reduce(torch.tensor(float(stop.requested), device=dev), "sum").item() > 0
+        stopping = acc.reduce(torch.tensor(float(stop.requested), device=acc.device), "sum").item() > 0
         if (args.ckpt_every and it % args.ckpt_every == 0) or stopping or it == args.iters:
-            save_checkpoint(ckpt_dir, it, sampler, model, tok)
-            saved = it
+            save_checkpoint(args, acc, ckpt_dir, it)
         if stopping:
             log(f"stopped after iteration {it}; continue with --resume (checkpoint in {ckpt_dir})")
             sys.exit(130)
 
-    save_policy(model, tok, os.path.join(out_dir, "final"))
-    if master:
-        plot(history, os.path.join(out_dir, "dynamics.png"))
-        log(f"saved {out_dir}/final, {out_dir}/metrics.jsonl, {out_dir}/dynamics.png, checkpoint {ckpt_dir} (iteration {saved})")
-    if args.eval_data and master:
-        engine_rows = load_rows(args.eval_data, "test", args.data_dir, args.template, tok)
-        res = avg_at_k(engine, engine_rows, args.eval_k, args.max_new_tokens, seed=args.seed)
-        log(json.dumps({"eval": res}))
-    accelerator.wait_for_everyone()
+    save_policy(acc, run.model, run.tok, os.path.join(args.out_dir, "final"))
+    if acc.is_main_process:
+        plot(args, history, os.path.join(args.out_dir, "dynamics.png"))
+        log(f"saved {args.out_dir}/final, metrics.jsonl, dynamics.png, checkpoints in {ckpt_dir}")
+    if run.eval_rows:
+        evaluate(args, run, "eval.json")
+    acc.wait_for_everyone()
 
 
-def plot(history, path):
+def evaluate(args, run, name):
+    """avg@k of the engine's current weights on the held-out rows (every rank scores its share),
+    written to out_dir/name and logged as one JSON line."""
+    from eval import avg_at_k
+    run.log(f"evaluating avg@{args.eval_k}: {len(run.eval_rows)} held-out problems ({args.eval_data}) x "
+            f"{args.eval_k} samples ...")
+    res = avg_at_k(run.engine, run.eval_rows, args.eval_k, args.max_new_tokens, seed=args.seed, acc=run.acc)
+    if run.acc.is_main_process:
+        with open(os.path.join(args.out_dir, name), "w") as f:
+            json.dump({f"avg@{args.eval_k}": res, "model": args.model if name == "eval_start.json"
+                       else os.path.join(args.out_dir, "final")}, f)
+    run.log(json.dumps({"eval" if name == "eval.json" else "eval_start": res}))
+
+
+def save_policy(acc, model, tokenizer, path):
+    """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
+    state = acc.get_state_dict(model)        # gathered from the shards under FSDP
+    if acc.is_main_process:
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+        acc.unwrap_model(model).save_pretrained(path + ".tmp", state_dict=state)
+        tokenizer.save_pretrained(path + ".tmp")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(path + ".tmp", path)
+    acc.wait_for_everyone()
+
+
+def plot(args, history, path):
     """Reward and entropy against iteration (the paper's Figure 2 in spirit)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     its = [h["iter"] for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
-    ax[0].plot(its, [h["reward_mean"] for h in history]); ax[0].set_title(f"{cell}: reward")
+    ax[0].plot(its, [h["reward_mean"] for h in history]); ax[0].set_title(f"{args.cell}: reward")
     ax[1].plot(its, [h["entropy"] for h in history]); ax[1].set_title("entropy (nats/token)")
     for a in ax:
         a.set_xlabel("iteration"); a.grid(alpha=0.3)

@@ -7,10 +7,10 @@ Peak memory and time of log-probs + entropy at a real vocabulary (Qwen's 151,936
 What the heads see is the last hidden states (N, H) and the LM head weight (V, H); this benchmark
 feeds them random tensors (H = 64 by default, a tiny body: the cost here is the (N, V) logits, not the
 body) and random targets, and backpropagates sum(logp * g) for a fixed random g into both. Paths:
-1. `ours`: train.py's `_chunk_logp_entropy`, read out of train.py's source with `ast` and compiled
-   here (train.py parses argv at import, so it cannot be imported yet), called per chunk of
-   `--chunk` tokens (train.py's `--logp_chunk` default, 4096) under `torch.utils.checkpoint`
-   (use_reentrant=False), exactly as train.py's `token_logprobs` does: at most one chunk's logits live.
+1. `ours`: train.py's `_chunk_logp_entropy` (imported), called per chunk of at most `--chunk_mb`
+   MB of float32 logits (train.py's `--logp_chunk_mb` default, 256: 441 tokens at this vocabulary)
+   under `torch.utils.checkpoint` (use_reentrant=False), exactly as train.py's `token_logprobs`
+   does: at most one chunk's logits live.
 2. `plain`: logits = h @ W.T, log_softmax, gather; entropy from the same log-softmax under no_grad.
 3. `trl_helpers`: the full (B, T, V) logits through TRL's public helpers
    `trl.trainer.utils.selective_log_softmax` (per-sequence logsumexp) and `entropy_from_logits`
@@ -24,7 +24,7 @@ Each path runs in its own subprocess. Peak memory: the process's peak RSS (VmHWM
 memory available is not run; its need is then shown by arithmetic, labelled as such. All paths that
 ran on a config are checked against one another: max abs difference of logp, entropy and both gradients.
 """
-import argparse, ast, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ p = argparse.ArgumentParser(description="log-prob + entropy peak memory and time
 p.add_argument("--configs", default="16x2048,2x2048", help="comma-separated BxT token batches")
 p.add_argument("--vocab", type=int, default=151936, help="vocabulary size (Qwen2/3: 151,936)")
 p.add_argument("--hidden", type=int, default=64, help="hidden size of the random hidden states")
-p.add_argument("--chunk", type=int, default=4096, help="ours: tokens per chunk (train.py --logp_chunk)")
+p.add_argument("--chunk_mb", type=int, default=256, help="ours: MB of float32 logits per chunk (train.py --logp_chunk_mb)")
 p.add_argument("--paths", default=",".join(PATHS), help="which paths to run")
 p.add_argument("--reps", type=int, default=1, help="timed forward+backward passes per path (median)")
 p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -44,14 +44,9 @@ p.add_argument("--worker", default="", help=argparse.SUPPRESS)    # internal: "p
 args = p.parse_args()
 
 
-def ours_fn():
-    """train.py's _chunk_logp_entropy, compiled from train.py's own source (choice 1)."""
-    import torch
-    tree = ast.parse((ROOT / "train.py").read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_chunk_logp_entropy")
-    ns = {"torch": torch}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), "train.py", "exec"), ns)
-    return ns["_chunk_logp_entropy"]
+def ours_rows():
+    """Tokens per chunk of train.py's token_logprobs at this vocabulary."""
+    return max(1, (args.chunk_mb << 20) // (4 * args.vocab))
 
 
 def rss(key):
@@ -74,10 +69,12 @@ def worker(path, B, T, out_file):
     g = torch.randn(N, generator=g_)                                                 # upstream gradient of logp
 
     if path == "ours":
-        fn = ours_fn()
+        sys.path.insert(0, str(ROOT))
+        from train import _chunk_logp_entropy as fn
+        rows = ours_rows()
         def run(h, W, y, B, T):
-            parts = [checkpoint(fn, h[s:s + args.chunk], W, y[s:s + args.chunk], use_reentrant=False)
-                     for s in range(0, len(y), args.chunk)]
+            parts = [checkpoint(fn, h[s:s + rows], W, y[s:s + rows], use_reentrant=False)
+                     for s in range(0, len(y), rows)]
             return torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
     elif path == "plain":
         def run(h, W, y, B, T):
@@ -134,7 +131,7 @@ if args.worker:
 def need_gb(path, N):
     """Rough peak of each path, fp32, by arithmetic: how many (n, V) tensors live at once."""
     NV = N * args.vocab * 4 / 1e9
-    cV = min(N, args.chunk) * args.vocab * 4 / 1e9
+    cV = min(N, ours_rows()) * args.vocab * 4 / 1e9
     return {"ours": 5 * cV,                 # chunk logits, log-softmax, exp, product (+ grads in backward)
             "plain": 4 * NV,                # logits, log-softmax (saved), exp and product for the entropy
             "trl_helpers": 3 * NV,          # logits (saved by logsumexp), its grad, gather's scattered grad
@@ -146,10 +143,10 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench_logprob_"))
     avail = psutil.virtual_memory().available / 1e9
     paths = [q for q in args.paths.split(",") if q]
-    config = dict(vocab=args.vocab, hidden=args.hidden, ours_chunk=args.chunk, reps=args.reps, dtype="float32",
+    config = dict(vocab=args.vocab, hidden=args.hidden, ours_chunk_mb=args.chunk_mb, ours_chunk_tokens=ours_rows(), reps=args.reps, dtype="float32",
                   memory_available_gb=round(avail, 1), cores=len(os.sched_getaffinity(0)),
                   threads=args.threads or torch.get_num_threads(), load_avg_start=os.getloadavg()[0],
-                  ours_source="train.py:_chunk_logp_entropy (ast) + checkpoint loop as in token_logprobs")
+                  ours_source="train._chunk_logp_entropy (imported) + checkpoint loop as in token_logprobs")
     print("config:", json.dumps(config), flush=True)
     results = {}
     for cfg in [c for c in args.configs.split(",") if c]:

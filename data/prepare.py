@@ -22,6 +22,8 @@ Everything the CPU default needs is made here from a seed, so nothing is downloa
    about 20-35% of the time: room for RL to show its effect by sharpening, not by teaching.
 """
 import argparse
+import hashlib
+import inspect
 import json
 import os
 import random
@@ -232,7 +234,25 @@ def warm_start(model, rows, tok, args):
             "val": {t: {"sample_solve": p, "greedy_solve": g} for t, (p, g) in report.items()}}
 
 
-def main():
+# the functions and flags that decide what the model is; threads, output folder and --force do not
+RECIPE_FUNCTIONS = ("math_problems", "math_solution", "code_problems", "code_solution", "make_tasks",
+                    "build_tokenizer", "build_model", "collate", "sft_batch", "noisy_demonstrator_loss",
+                    "solve_stats", "warm_start")
+NOT_RECIPE = ("out", "threads", "force")
+
+
+def recipe_hash(args):
+    """A fingerprint of the recipe: the source of the functions that build the tasks, tokenizer
+    and model, and every flag that changes them. The committed data/tiny/model records it, and a
+    test checks it against this file, so the committed weights are known to come from this code
+    (not that a rebuild reproduces them bitwise: another CPU's float arithmetic would not)."""
+    source = "".join(inspect.getsource(globals()[name]) for name in RECIPE_FUNCTIONS)
+    flags = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_RECIPE}
+    return hashlib.sha256((source + json.dumps(flags)).encode()).hexdigest()[:16]
+
+
+def parser():
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "tiny"), help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed for tasks and model init")
@@ -256,7 +276,11 @@ def main():
     p.add_argument("--warmup", type=int, default=50, help="warm-start lr warm-up steps")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     p.add_argument("--force", action="store_true", help="rebuild even if the model exists")
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = parser().parse_args()
     model_dir = os.path.join(args.out, "model")
     if os.path.exists(os.path.join(model_dir, "config.json")) and not args.force:
         print(f"{model_dir} exists; nothing to do (--force rebuilds)")
@@ -284,7 +308,8 @@ def main():
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-        json.dump({**report, "params": n_params, "argv": sys.argv[1:]}, f, indent=1)
+        json.dump({**report, "params": n_params, "argv": sys.argv[1:], "recipe": recipe_hash(args),
+                   "threads": torch.get_num_threads()}, f, indent=1)
     shutil.rmtree(model_dir, ignore_errors=True)
     os.replace(tmp, model_dir)
     print(f"wrote {args.out} (tasks, tokenizer, model) after {report['seconds']:.0f}s of warm start")
