@@ -26,11 +26,15 @@ def batch(seed, B=6, T=20, spread=0.4):
     return logp, old, adv, mask
 
 
-def grad(loss_fn, logp, *args, **kw):
+def grad_and_stats(loss_fn, logp, *args, **kw):
     logp = logp.detach().clone().requires_grad_(True)
-    loss, _ = loss_fn(logp, *args, **kw)
+    loss, stats = loss_fn(logp, *args, **kw)
     loss.backward()
-    return logp.grad
+    return logp.grad, stats
+
+
+def grad(loss_fn, logp, *args, **kw):
+    return grad_and_stats(loss_fn, logp, *args, **kw)[0]
 
 
 def textbook(logp, old, adv, mask, low, high):
@@ -52,57 +56,82 @@ def pushes_out(logp, old, adv):
     return (logp > old) & (A > 0), (logp < old) & (A < 0)
 
 
+def beyond(logp, old, adv, mask, low, high):
+    """(upper, lower): valid tokens a clip [low, high] stops: r > high with A > 0, r < low with A < 0."""
+    r, A = (logp - old).exp(), adv[:, None]
+    return mask & (A > 0) & (r > high), mask & (A < 0) & (r < low)
+
+
+# A gradient equality with an independent clip says nothing unless the batch's tokens were clipped, on
+# both sides. CELL_BATCH (~830 valid tokens) with spread 0.4 (std of log r) against the mc regions'
+# log r in about +-0.2, and 1.0 against the binary and atomic regions (they widen as mu falls), leaves the
+# region on each side for at least 12 tokens of every seed below (kl-binary's lower side; others >= 32).
+CELL_BATCH = dict(B=16, T=64)
+MIN_SIDE = 10
+
+
+def assert_clipped_both_sides(stats, mask, upper, lower):
+    """At least MIN_SIDE valid tokens each were stopped above the region (upper) and below it (lower),
+    as counted from the cell's closed form, and the loss's own stats count exactly those tokens."""
+    n = mask.sum().item()
+    assert upper.sum() >= MIN_SIDE and lower.sum() >= MIN_SIDE, (upper.sum(), lower.sum())
+    assert stats["clip_frac_upper"] == pytest.approx(upper.sum().item() / n)
+    assert stats["clip_frac_lower"] == pytest.approx(lower.sum().item() / n)
+
+
 # ---- known methods are cells (GPPO.md section 7) ----
 
 @pytest.mark.parametrize("seed", range(3))
 def test_tv_mc_is_ppo_clip(seed):
-    logp, old, adv, mask = batch(seed)
-    ours = grad(gppo.gppo_loss, logp, old, adv, mask, "tv", "mc", delta=0.1, **OFF)
-    ref = grad(textbook, logp, old, adv, mask, 0.8, 1.2)
-    torch.testing.assert_close(ours, ref)
-    assert ref.abs().sum() > 0 and (ref == 0).sum() > (~mask).sum()  # some tokens clipped, some not
+    logp, old, adv, mask = batch(seed, **CELL_BATCH, spread=0.4)
+    ours, stats = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, "tv", "mc", delta=0.1, **OFF)
+    torch.testing.assert_close(ours, grad(textbook, logp, old, adv, mask, 0.8, 1.2))
+    assert_clipped_both_sides(stats, mask, *beyond(logp, old, adv, mask, 0.8, 1.2))
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_kl_mc_is_dapo_clip_higher(seed):
-    logp, old, adv, mask = batch(seed)
-    ours = grad(gppo.gppo_loss, logp, old, adv, mask, "kl", "mc", delta=0.23, **OFF)
-    torch.testing.assert_close(ours, grad(textbook, logp, old, adv, mask, math.exp(-0.23), math.exp(0.23)))
+    logp, old, adv, mask = batch(seed, **CELL_BATCH, spread=0.4)
+    low, high = math.exp(-0.23), math.exp(0.23)
+    ours, stats = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, "kl", "mc", delta=0.23, **OFF)
+    torch.testing.assert_close(ours, grad(textbook, logp, old, adv, mask, low, high))
+    assert_clipped_both_sides(stats, mask, *beyond(logp, old, adv, mask, low, high))
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_tv_binary_is_dppo(seed):
-    logp, old, adv, mask = batch(seed, spread=1.0)
+    logp, old, adv, mask = batch(seed, **CELL_BATCH, spread=1.0)
     delta = 0.1
     up, down = pushes_out(logp, old, adv)
     pi, mu = logp.exp(), old.exp()
-    drop = ((pi - mu > delta) & up) | ((mu - pi > delta) & down)
-    ours = grad(gppo.gppo_loss, logp, old, adv, mask, "tv", "binary", delta=delta, **OFF)
-    torch.testing.assert_close(ours, grad(masked_pg, logp, old, adv, mask, drop))
-    assert (drop & mask).any()
+    upper, lower = mask & up & (pi - mu > delta), mask & down & (mu - pi > delta)   # |pi - mu| <= delta
+    ours, stats = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, "tv", "binary", delta=delta, **OFF)
+    torch.testing.assert_close(ours, grad(masked_pg, logp, old, adv, mask, upper | lower))
+    assert_clipped_both_sides(stats, mask, upper, lower)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_kl_binary_is_bernoulli_kl_mask(seed):
-    logp, old, adv, mask = batch(seed, spread=1.0)
+    logp, old, adv, mask = batch(seed, **CELL_BATCH, spread=1.0)
     logp = logp.clamp(max=-1e-3)  # the naive formula below needs 1 - pi > 0
     delta = gppo.default_delta("kl")
     pi, mu = logp.double().exp(), old.double().exp()
     bern = mu * torch.log(mu / pi) + (1 - mu) * torch.log((1 - mu) / (1 - pi))
     up, down = pushes_out(logp, old, adv)
-    drop = (bern > delta) & (up | down)
-    ours = grad(gppo.gppo_loss, logp, old, adv, mask, "kl", "binary", **OFF)
-    torch.testing.assert_close(ours, grad(masked_pg, logp, old, adv, mask, drop))
-    assert (drop & mask).any()
+    upper, lower = mask & up & (bern > delta), mask & down & (bern > delta)
+    ours, stats = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, "kl", "binary", **OFF)
+    torch.testing.assert_close(ours, grad(masked_pg, logp, old, adv, mask, upper | lower))
+    assert_clipped_both_sides(stats, mask, upper, lower)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_chi2_atomic_is_ripo(seed):
-    logp, old, adv, mask = batch(seed, spread=1.0)
+    logp, old, adv, mask = batch(seed, **CELL_BATCH, spread=1.0)
     delta = 0.04
     w = (delta / old.exp()).sqrt()
-    ours = grad(gppo.gppo_loss, logp, old, adv, mask, "chi2", "atomic", delta=delta, **OFF)
+    ours, stats = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, "chi2", "atomic", delta=delta, **OFF)
     torch.testing.assert_close(ours, grad(textbook, logp, old, adv, mask, 1 - w, 1 + w))
+    assert_clipped_both_sides(stats, mask, *beyond(logp, old, adv, mask, 1 - w, 1 + w))
 
 
 def test_methods_are_cells():
@@ -160,6 +189,108 @@ def test_bounds_intersect_ratio_bounds():
     assert (low.item(), high.item()) == (0.5, 10.0)
 
 
+# ---- chi2- and hellinger-binary against an oracle derived by hand ----
+# gppo.py bisects these regions on its own D (proximal_bounds), so test_bounds_agree_with_mask cannot
+# catch a wrong formula the two share. The oracle below is derived on paper from eq. 20 and checked here
+# against the definition in plain Python floats; nothing in it calls gppo.
+#
+# Binary: D(r) = mu f(r) + (1 - mu) f(r_c), r_c = (1 - pi)/(1 - mu), pi = mu r in [0, 1].
+# chi2: r_c - 1 = mu (1 - r)/(1 - mu), so D = mu (r-1)^2 + mu^2 (r-1)^2/(1 - mu) = mu (r-1)^2/(1 - mu),
+#   and the region is |r - 1| <= w = sqrt(delta (1 - mu)/mu), cut to [0, 1/mu].
+# hellinger: expanding both squares (mu sqrt r = sqrt(mu pi)), D = 2 (1 - sqrt(mu pi) - sqrt((1-mu)(1-pi))):
+#   twice one minus the Bhattacharyya coefficient of Bernoulli(mu) and Bernoulli(pi). Put sqrt(mu) = cos a,
+#   sqrt(1-mu) = sin a, sqrt(pi) = cos b, sqrt(1-pi) = sin b (a, b in [0, pi/2]): the coefficient is
+#   cos(b - a), so the region is the arc |b - a| <= theta = arccos(1 - delta/2) (the "spherical" geometry
+#   of GPPO.md section 3). pi = cos^2 b falls as b grows: pi_high = cos^2(max(a - theta, 0)) and
+#   pi_low = cos^2(a + theta), or 0 once a + theta >= pi/2.
+
+PLAIN_F = {"chi2": lambda r: (r - 1) ** 2, "hellinger": lambda r: (math.sqrt(r) - 1) ** 2}   # eqs. 15, 17
+PLAIN_DELTA = {"chi2": 0.2 ** 2, "hellinger": (math.sqrt(0.8) - 1) ** 2}   # |f(0.8)|, GPPO.md section 6
+CLOSED_D = {"chi2": lambda mu, r: mu * (r - 1) ** 2 / (1 - mu),
+            "hellinger": lambda mu, r: 2 * (1 - mu * math.sqrt(r) - math.sqrt((1 - mu) * (1 - mu * r)))}
+# both regimes of each side occur: a side reaches its end of [0, 1/mu] (chi2: low for mu <= delta/(1+delta),
+# high for mu >= 1/(1+delta); hellinger: mu <= sin^2 theta = 0.0111, mu >= cos^2 theta = 0.9889), or not
+ORACLE_MUS = [1e-6, 1e-4, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99, 0.999]
+
+
+def binary_by_definition(div, mu, r):
+    """Eq. 20 as written, in Python floats: the f-divergence of the partition {sampled token, the rest}."""
+    f = PLAIN_F[div]
+    return mu * f(r) + (1 - mu) * f((1 - mu * r) / (1 - mu))
+
+
+def oracle_bounds(div, mu, delta):
+    """(low, high) of r for the binary region, from the closed forms above; 0 < mu < 1."""
+    if div == "chi2":
+        w = math.sqrt(delta * (1 - mu) / mu)
+        return max(1 - w, 0.0), min(1 + w, 1 / mu)
+    a, theta = math.acos(math.sqrt(mu)), math.acos(1 - delta / 2)
+    pi_low = 0.0 if a + theta >= math.pi / 2 else math.cos(a + theta) ** 2
+    return pi_low / mu, math.cos(max(a - theta, 0.0)) ** 2 / mu
+
+
+@pytest.mark.parametrize("div", ["chi2", "hellinger"])
+def test_binary_closed_form_is_definition(div):
+    """The hand-simplified D equals eq. 20 evaluated as written, for pi = mu r across [0, 1]."""
+    for mu in ORACLE_MUS:
+        for pi in [k / 20 for k in range(21)] + [mu * 0.999, mu * 1.001]:
+            r = pi / mu
+            want = binary_by_definition(div, mu, r)
+            assert CLOSED_D[div](mu, r) == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("div", ["chi2", "hellinger"])
+def test_binary_oracle_bounds_solve_definition(div):
+    """Each oracle bound inside (0, 1/mu) is where eq. 20 crosses delta: D = delta on it, below just inside
+    and above just outside; a bound at an end of [0, 1/mu] has D <= delta there (the side never closes)."""
+    delta, low_ends, high_ends = PLAIN_DELTA[div], 0, 0
+    for mu in ORACLE_MUS:
+        D = lambda r: binary_by_definition(div, mu, r)
+        low, high = oracle_bounds(div, mu, delta)
+        if high < 1 / mu:
+            assert D(high) == pytest.approx(delta, rel=1e-9)
+            assert D(high * (1 - 1e-6)) < delta < D(high * (1 + 1e-6))
+        else:                                                         # open up to pi = 1
+            assert high == 1 / mu and D(high) <= delta
+            high_ends += 1
+        if low > 0:
+            assert D(low) == pytest.approx(delta, rel=1e-9)
+            assert D(low * (1 + 1e-6)) < delta < D(low * (1 - 1e-6))
+        else:                                                         # open down to pi = 0
+            assert D(0.0) <= delta
+            low_ends += 1
+    assert 0 < low_ends < len(ORACLE_MUS) and 0 < high_ends < len(ORACLE_MUS)   # both regimes were seen
+
+
+@pytest.mark.parametrize("div", ["chi2", "hellinger"])
+def test_binary_bounds_match_oracle(div):
+    """gppo.proximal_bounds (bisection on gppo's own D) finds the oracle's bounds, on a dense mu grid."""
+    delta = PLAIN_DELTA[div]
+    mus = torch.logspace(-6, math.log10(0.999), 400, dtype=torch.float64)
+    low, high = gppo.proximal_bounds(mus.log(), div, "binary", delta=delta, ratio_bounds=None)
+    want = [oracle_bounds(div, mu, delta) for mu in mus.tolist()]
+    assert low.tolist() == pytest.approx([lo for lo, _ in want], rel=1e-9, abs=1e-12)
+    assert high.tolist() == pytest.approx([hi for _, hi in want], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("div", ["chi2", "hellinger"])
+def test_binary_mask_matches_oracle(div, seed):
+    """gppo_loss gives no gradient to exactly the tokens the oracle's region stops: r > high with A > 0 or
+    r < low with A < 0. Tokens within a relative 1e-4 of a bound are left out, so rounding decides none."""
+    logp, old, adv, mask = batch(seed, B=32, T=64, spread=1.0)
+    delta = PLAIN_DELTA[div]
+    bounds = [oracle_bounds(div, mu, delta) for mu in old.double().exp().flatten().tolist()]
+    low, high = torch.tensor(bounds, dtype=torch.float64).T.reshape(2, *old.shape)
+    log_r = (logp - old).double()                                    # the ratio the loss sees
+    far = ((log_r - high.log()).abs() > 1e-4) & ((log_r - low.log()).abs() > 1e-4) & mask
+    A = adv[:, None]
+    upper, lower = far & (A > 0) & (log_r > high.log()), far & (A < 0) & (log_r < low.log())
+    kept = grad(gppo.gppo_loss, logp, old, adv, mask, div, "binary", delta=delta, **OFF) != 0
+    assert torch.equal(kept[far], ~(upper | lower)[far])
+    assert upper.sum() >= MIN_SIDE and lower.sum() >= MIN_SIDE and far.sum() > 0.9 * mask.sum()
+
+
 # ---- ratio_bounds and dual_clip, token by token ----
 
 def test_ratio_bounds_and_dual_clip():
@@ -180,10 +311,23 @@ def test_ratio_bounds_and_dual_clip():
     assert stats["clip_frac"] == pytest.approx(3 / 6) and stats["clip_frac_upper"] == 0
 
 
+def stat_floats(stats):
+    """Every number in a stats dict: the STATS floats, and the BY_MU lists element by element."""
+    return [x for v in stats.values() for x in (v if isinstance(v, list) else [v])]
+
+
+def stats_well_formed(stats):
+    """The trainer's interface: STATS as floats, BY_MU as lists of one float per mu bucket."""
+    return set(stats) == set(gppo.STATS) | set(gppo.BY_MU) and \
+        all(isinstance(stats[k], float) for k in gppo.STATS) and \
+        all(isinstance(stats[k], list) and len(stats[k]) == len(gppo.MU_EDGES) + 1 for k in gppo.BY_MU) and \
+        all(isinstance(x, float) for x in stat_floats(stats))
+
+
 def test_stats_keys_and_values():
     logp, old, adv, mask = batch(0)
     loss, stats = gppo.gppo_loss(logp, old, adv, mask, "tv", "mc", **OFF)
-    assert set(stats) == set(gppo.STATS) and all(isinstance(v, float) for v in stats.values())
+    assert stats_well_formed(stats)
     r = (logp - old).exp()[mask]
     assert stats["ratio_mean"] == pytest.approx(r.mean().item(), rel=1e-5)
     assert stats["ratio_max"] == pytest.approx(r.max().item(), rel=1e-5)
@@ -191,6 +335,73 @@ def test_stats_keys_and_values():
     assert stats["div_mean"] == pytest.approx(((r - 1).abs() / 2).mean().item(), rel=1e-4)
     assert stats["clip_frac"] == pytest.approx(stats["clip_frac_upper"] + stats["clip_frac_lower"])
     assert loss.item() == pytest.approx(-(adv[:, None] * (logp - old).exp())[mask].mean().item(), rel=1e-5)
+
+
+# ---- where the region bites: the stats by behaviour probability (BY_MU) ----
+
+def test_by_mu_hand_example():
+    # tv-mc, region [0.8, 1.2]. Buckets mu < 0.01 | < 0.1 | < 0.5 | >= 0.5; the masked token (mu 0.05,
+    # r 2 pushed up) counts nowhere. Clipped: r 1.5 with A > 0, or r 0.5 with A < 0.
+    mu = [[0.001, 0.005, 0.05, 0.2, 0.3], [0.4, 0.6, 0.9, 0.95, 0.05]]
+    r = [[1.5, 1.0, 1.5, 0.5, 1.1], [1.0, 1.5, 1.0, 0.5, 2.0]]
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, 1.0], [1.0, 1.0, -1.0, 1.0, 1.0]])
+    mask = torch.tensor([[True] * 5, [True] * 4 + [False]])
+    old = torch.tensor(mu).log()
+    _, stats = gppo.gppo_loss(old + torch.tensor(r).log(), old, adv, mask, "tv", "mc", **OFF)
+    # valid tokens per bucket: 2, 1, 3, 3; clipped: (0.001, r 1.5), (0.05, r 1.5), (0.2, r 0.5 A < 0),
+    # (0.6, r 1.5); (0.95, r 0.5) has A > 0, pushed back in, not clipped
+    assert stats["token_frac_by_mu"] == pytest.approx([2 / 9, 1 / 9, 3 / 9, 3 / 9])
+    assert stats["clip_frac_by_mu"] == pytest.approx([1 / 2, 1 / 1, 1 / 3, 1 / 3])
+    assert stats["clip_frac"] == pytest.approx(4 / 9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("cell", [("tv", "mc"), ("kl", "atomic"), ("chi2", "binary")])
+def test_token_frac_by_mu_sums_to_one(seed, cell):
+    logp, old, adv, mask = batch(seed, spread=1.0)
+    old[0, :4] = torch.tensor([1e-3, 0.05, 0.3, 0.9]).log()         # every bucket is used
+    _, stats = gppo.gppo_loss(logp, old, adv, mask, *cell)
+    assert sum(stats["token_frac_by_mu"]) == pytest.approx(1.0)
+    assert all(x > 0 for x in stats["token_frac_by_mu"])
+    # the buckets split clip_frac: sum_b share_b * clip_frac_b = clip_frac
+    split = sum(t * c for t, c in zip(stats["token_frac_by_mu"], stats["clip_frac_by_mu"]))
+    assert split == pytest.approx(stats["clip_frac"]) and stats["clip_frac"] > 0
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_by_mu_empty_mask_gives_zeros(cell):
+    logp, old, adv, mask = batch(4)
+    _, stats = gppo.gppo_loss(logp, old, adv, torch.zeros_like(mask), *cell)
+    assert stats["token_frac_by_mu"] == [0.0] * 4 and stats["clip_frac_by_mu"] == [0.0] * 4
+
+
+# ---- float32 region decisions (gppo.py choice 5) ----
+
+def reference_outside(div, est, log_r, old, delta):
+    """|D(r)| > delta in float64, written from eqs. 18-20 independently of gppo's float32 path."""
+    f = gppo.DIVERGENCES[div]
+    log_r, old = log_r.double(), old.double()
+    r, mu, mu_c = log_r.exp(), old.exp(), -torch.expm1(old)
+    d = f(r) if est == "mc" else mu * f(r)
+    if est == "binary":
+        pi_c = -torch.expm1((old + log_r).clamp(max=0))
+        d = d + torch.where(mu_c > 0, mu_c * f(pi_c / torch.where(mu_c > 0, mu_c, 1.0)), 0.0)
+    return ~(d.abs() <= delta)
+
+
+@pytest.mark.parametrize("div,est", CELLS)
+def test_float32_region_matches_float64(div, est):
+    """On a dense (mu, r) grid with the hard cases (mu near 1, denormal 1 - mu, mu = delta where tv-binary's
+    region ends at r = 0, r at the clamp) float32 decides every token as float64 does."""
+    delta = gppo.default_delta(div)
+    log_mu = torch.cat([torch.linspace(math.log(1e-30), 0, 300), -torch.logspace(-30, -0.01, 100),
+                        torch.tensor([0.0, -1e-7, -1e-30, -1e-40, -1e-44, math.log(delta), math.log(0.1)])])
+    log_r = torch.cat([torch.linspace(-20, 20, 1001), torch.tensor([-1e-6, 1e-6])])
+    old = log_mu[:, None].expand(len(log_mu), len(log_r)).float().contiguous()
+    lr = log_r[None, :].expand_as(old).float()
+    lr = (torch.minimum(lr, -old) if est == "binary" else lr).contiguous()   # binary: pi <= 1
+    outside, _ = gppo._outside(gppo.DIVERGENCES[div], gppo.ESTIMATORS[est], lr, old, delta)
+    assert torch.equal(outside, reference_outside(div, est, lr, old, delta))
 
 
 # ---- numerics (hypothesis) ----
@@ -216,7 +427,7 @@ def finite(loss_fn, logp, *args, **kw):
     loss, stats = loss_fn(logp, *args, **kw)
     loss.backward()
     return torch.isfinite(loss).item() and torch.isfinite(logp.grad).all().item() and \
-        all(math.isfinite(v) for v in stats.values())
+        all(math.isfinite(v) for v in stat_floats(stats))
 
 
 @settings(max_examples=60, deadline=None)
@@ -238,7 +449,7 @@ def test_empty_mask_gives_zero(agg):
     loss, stats = gppo.gppo_loss(p, old, adv, torch.zeros_like(mask), "kl", "binary", agg=agg)
     loss.backward()
     assert loss.item() == 0 and torch.equal(p.grad, torch.zeros_like(p))
-    assert all(math.isfinite(v) for v in stats.values())
+    assert all(math.isfinite(v) for v in stat_floats(stats))
 
 
 def test_padding_garbage_does_not_leak():
