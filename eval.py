@@ -75,7 +75,8 @@ def compare_table(before, after):
     lines = [f"{'data set':<16}{'before':>9}{'after':>9}{'change':>9}   ({key}, %)"]
     for name in [n for n in b if n != "all"] + ["all"]:
         if name in a and name in b:
-            lines.append(f"{name:<16}{a[name]:>9.1f}{b[name]:>9.1f}{b[name] - a[name]:>+9.1f}")
+            short = name if len(name) <= 16 else name.split("?")[0][:16]   # rg:<set>?<config> names are long
+            lines.append(f"{short:<16}{a[name]:>9.1f}{b[name]:>9.1f}{b[name] - a[name]:>+9.1f}")
     return "\n".join(lines)
 
 

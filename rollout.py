@@ -100,6 +100,7 @@ class VLLMRollout:
         vllm = _import_vllm()
         self.on_gpu = torch.cuda.is_available()
         self.dtype = ("bfloat16" if self.on_gpu else "float32") if dtype == "auto" else dtype   # choice 4
+        self.torch_dtype = getattr(torch, self.dtype)
         if self.on_gpu:
             kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
                           tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep_mode)
@@ -161,14 +162,16 @@ class VLLMRollout:
         if self.sleep_mode:   # the order vLLM documents for RL (choice 5)
             torch.cuda.empty_cache()                  # return the trainer's freed blocks first
             self.llm.wake_up(tags=["weights"])         # the weights, which the sync overwrites
+        # in the engine's dtype (a bf16 engine beside an fp32 trainer): half the bytes to move
+        cast = lambda bucket: [(n, t.to(self.torch_dtype)) for n, t in bucket]   # noqa: E731
         if one_call if one_call is not None else self._worker_in_process():
-            self.llm.collective_rpc(_reload_weights, args=((w for bucket in buckets for w in bucket),))
+            self.llm.collective_rpc(_reload_weights, args=((w for bucket in buckets for w in cast(bucket)),))
         else:
             quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
             level, _ = quiet.level, quiet.setLevel(logging.ERROR)   # other buckets' layers "fail" by design
             try:
                 for bucket in buckets:
-                    self.llm.collective_rpc(_reload_weights, args=(bucket,))
+                    self.llm.collective_rpc(_reload_weights, args=(cast(bucket),))
             finally:
                 quiet.setLevel(level)
         if self.sleep_mode:

@@ -84,17 +84,17 @@ def parser():
     g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per mini-batch (one AdamW step)")
     g.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--micro_batch_size", type=int, default=64, help="sequences per forward/backward")
-    g.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (constant)")
+    g.add_argument("--lr", type=float, default=1.5e-4, help="AdamW learning rate (constant; README: why 1.5e-4)")
     g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
-    g.add_argument("--target_kl", type=float, default=0.0, help="skip the iteration's remaining steps once a "
-                   "mini-batch's k3 KL(mu || pi) exceeds this; 0 = off")
+    g.add_argument("--target_kl", type=float, default=0.05, help="skip the iteration's remaining steps once a "
+                   "mini-batch's k3 KL(mu || pi) per token exceeds this; 0 = off (the paper)")
     g.add_argument("--logp_chunk_mb", type=int, default=256, help="float32 logits per log-softmax chunk, MB")
     g.add_argument("--mixed_precision", default=None, choices=("no", "bf16", "fp16"),
                    help="autocast of the policy's forward/backward (default: accelerate's config, else no)")
-    g = p.add_argument_group("options of mature trainers (all off by default; the paper uses none)")
-    g.add_argument("--overlong", default="off", choices=("off", "mask", "punish"),
-                   help="truncated responses: kept, no loss, or DAPO's soft punishment")
+    g = p.add_argument_group("options of mature trainers (the paper uses none; the CPU default uses --overlong punish)")
+    g.add_argument("--overlong", default="punish", choices=("off", "mask", "punish"),
+                   help="truncated responses: kept (the paper), no loss, or DAPO's soft punishment")
     g.add_argument("--overlong_buffer", type=int, default=4, help="punish: reward - (excess over max_new_tokens - buffer) / buffer")
     g.add_argument("--drop_uniform_groups", action="store_true", help="DAPO dynamic sampling without the refill: drop groups whose rewards are all equal")
     g.add_argument("--tis_cap", type=float, default=None, help="truncated IS: weight tokens by min(pi_old / mu_vllm, cap)")
@@ -367,35 +367,34 @@ def clip_cov_selection(args, acc, model, batch, chunks, n_chunks, old, adv, seed
 # logging: every rank's sums in one gather
 
 def log_row(args, acc, it, batch, rows, rewards, shaped, keep, gap, upd, sources, times):
-    """The iteration's metrics row (README "What each metric means"), reduced over ranks."""
-    sums, tok_b, clip_b, norms, kls = upd
-    G, n = args.group_size, len(rewards)
-    lens = torch.tensor([len(c) for c in batch.completion_ids], dtype=torch.float64)
-    trunc = torch.tensor(batch.truncated, dtype=torch.float64)
-    groups, sg = rewards.view(-1, G).double(), shaped.view(-1, G)
-    by_source = [x for s in sources for x in (sum(rewards[i].item() for i in range(n) if rows[i // G]["source"] == s),
-                                               sum(1.0 for i in range(n) if rows[i // G]["source"] == s))]
-    stat_keys = [k for k in sums if k != "ratio_max"]
-    local = [n, rewards.sum(), (rewards ** 2).sum(), lens.sum(), trunc.sum(), keep.sum(), (rewards - shaped).sum(),
-             n // G, (groups.max(1).values > 0).sum(), (sg.max(1).values == sg.min(1).values).sum(),
-             gap[0], gap[1], *by_source, *[sums[k] for k in stat_keys], *tok_b, *clip_b, sums["ratio_max"]]
-    every = acc.gather(torch.tensor([[float(x) for x in local]], dtype=torch.float64, device=acc.device)).cpu()
-    tot, ratio_max = every[:, :-1].sum(0).tolist(), every[:, -1].max().item()
-    (N, r_sum, r2_sum, len_sum, trunc_sum, keep_sum, pen_sum, n_groups, solved, uniform, gap_sum, gap_n), rest = \
-        tot[:12], tot[12:]
-    src, rest = rest[:2 * len(sources)], rest[2 * len(sources):]
-    stats, tok, clip = dict(zip(stat_keys, rest)), rest[len(stat_keys):len(stat_keys) + 4], rest[len(stat_keys) + 4:]
-    n_tok = max(stats.pop("n_tok"), 1.0)
-    row = dict(iter=it, reward_mean=r_sum / N, reward_std=math.sqrt(max(0.0, (r2_sum - r_sum ** 2 / N) / max(N - 1, 1))),
-               reward_by_source={s: src[2 * j] / max(src[2 * j + 1], 1) for j, s in enumerate(sources)},
-               solve_rate=solved / n_groups, response_len=len_sum / N, truncated_frac=trunc_sum / N,
-               kept_frac=keep_sum / N, overlong_penalty=pen_sum / N, uniform_group_frac=uniform / n_groups,
-               lr=args.lr, logp_gap_vllm=gap_sum / max(gap_n, 1),
-               **{k: v / n_tok for k, v in stats.items()}, ratio_max=ratio_max,
-               token_frac_by_mu=[x / n_tok for x in tok], clip_frac_by_mu=[c / max(x, 1.0) for c, x in zip(clip, tok)],
-               kl_k3_max=max(kls, default=0.0), updates=len(norms),
-               grad_norm=float(np.mean(norms)) if norms else 0.0, **times)
-    row["tokens_per_s"] = len_sum / row["time_iter_s"]
+    """The iteration's metrics row (README "What each metric means"): every rank's sums, named, in
+    one gather (ratio_max: the largest of any rank)."""
+    stats, tok_b, clip_b, norms, kls = upd
+    groups, sg, src = rewards.view(-1, args.group_size), shaped.view(-1, args.group_size), \
+        [rows[i // args.group_size]["source"] for i in range(len(rewards))]
+    local = {"n": len(rewards), "reward": rewards.sum(), "reward2": (rewards ** 2).sum(),
+             "len": sum(map(len, batch.completion_ids)), "truncated": sum(batch.truncated), "kept": keep.sum(),
+             "penalty": (rewards - shaped).sum(), "groups": len(groups), "solved": (groups.max(1).values > 0).sum(),
+             "uniform": (sg.max(1).values == sg.min(1).values).sum(), "gap": gap[0], "gap_n": gap[1],
+             **{f"r:{x}": sum(r for r, y in zip(rewards.tolist(), src) if y == x) for x in sources},
+             **{f"n:{x}": src.count(x) for x in sources}, **{k: v for k, v in stats.items() if k != "ratio_max"},
+             **{f"tok{b}": tok_b[b] for b in range(4)}, **{f"clip{b}": clip_b[b] for b in range(4)}}
+    every = acc.gather(torch.tensor([[float(v) for v in local.values()] + [stats["ratio_max"]]],
+                                    dtype=torch.float64, device=acc.device)).cpu()
+    s = dict(zip(local, every[:, :-1].sum(0).tolist()))
+    N, n_tok = s["n"], max(s["n_tok"], 1.0)
+    row = dict(iter=it, reward_mean=s["reward"] / N,
+               reward_std=math.sqrt(max(0.0, (s["reward2"] - s["reward"] ** 2 / N) / max(N - 1, 1))),
+               reward_by_source={x: s[f"r:{x}"] / max(s[f"n:{x}"], 1) for x in sources},
+               solve_rate=s["solved"] / s["groups"], response_len=s["len"] / N, truncated_frac=s["truncated"] / N,
+               kept_frac=s["kept"] / N, overlong_penalty=s["penalty"] / N, uniform_group_frac=s["uniform"] / s["groups"],
+               lr=args.lr, logp_gap_vllm=s["gap"] / max(s["gap_n"], 1),
+               **{k: s[k] / n_tok for k in stats if k not in ("ratio_max", "n_tok")}, ratio_max=every[:, -1].max().item(),
+               token_frac_by_mu=[s[f"tok{b}"] / n_tok for b in range(4)],
+               clip_frac_by_mu=[s[f"clip{b}"] / max(s[f"tok{b}"], 1.0) for b in range(4)],
+               kl_k3_max=max(kls, default=0.0), updates=len(norms), grad_norm=float(np.mean(norms)) if norms else 0.0,
+               **times)
+    row["tokens_per_s"] = s["len"] / row["time_iter_s"]
     return row
 
 

