@@ -21,8 +21,12 @@ How one iteration goes, and where it departs from textbook GRPO:
    forward/backward passes (zero-weight fillers where it kept fewer samples), so DDP/FSDP's
    collectives always pair up.
 5. No KL penalty, no entropy bonus, constant learning rate, gradient clipping (paper settings).
-   Optional stop (`--target_kl`): the iteration's remaining steps are skipped once a mini-batch
-   has drifted further than target_kl from mu (the check of Schulman's PPO code and SB3).
+   Two guards the paper does not use are on in the CPU default (README "The embedded default"),
+   each for a failure measured there: `--target_kl` skips the iteration's remaining steps once a
+   mini-batch has drifted further than target_kl from mu (the early stop of Schulman's PPO code,
+   SB3 and CleanRL: the per-token region cannot bound how far *other* tokens move the shared
+   weights in one iteration), and `--overlong punish` (DAPO's soft overlong punishment: the
+   reward reads the last answer and ignores what follows, so EOS erodes without it).
 6. Log-probs and entropy come from the last hidden states in chunks of at most `logp_chunk_mb` of
    float32 logits, each chunk's logits recomputed in the backward pass (one chunk lives at a time).
 7. After the updates the new weights stream into the running vLLM engine in memory (rollout.py).

@@ -26,7 +26,8 @@ update, one pass, micro-batch 64), read from trl/trainer/grpo_config.py and grpo
    optimizer steps of 64 completions each, one pass, as ours.
 2. With gradient_accumulation_steps (1) not a multiple of generate_every (8), TRL computes the
    behaviour log-probs in one no-grad forward after generation, as ours does (`--mu_source recompute`).
-3. fp32 throughout (`bf16=False`; GRPOConfig defaults bf16 to True), constant learning rate 1.5e-4, no
+3. fp32 throughout (`bf16=False`; GRPOConfig defaults bf16 to True; `--bf16` turns on bf16 autocast on
+   both sides and our bf16 sampler), constant learning rate 1.5e-4, no
    warm-up, grad clip 1.0, weight decay 0, beta=0 (no reference model), loss_type "dapo" (token mean
    over the optimizer step's tokens, as ours' token-mean), temperature 1, top_p 1, top_k 0.
 4. Same prompts in the same order: TRL gets the rows of `--data` in train.py's own shuffled order
@@ -59,7 +60,9 @@ p.add_argument("--model", default="data/tiny/model", help="Hugging Face model fo
 p.add_argument("--data_dir", default=None, help="folder holding the tiny-math jsonl files (default data/tiny)")
 p.add_argument("--data", default="tiny-math", help="training data set, both sides (e.g. an rg:... reasoning-gym set)")
 p.add_argument("--template", default="plain", help="prompt template, both sides (data/loaders.py)")
-p.add_argument("--ours", default="", help="extra train.py flags for our side, e.g. '--vllm_dtype bfloat16'")
+p.add_argument("--ours", default="", help="extra train.py flags for our side, comma- or space-separated")
+p.add_argument("--bf16", action="store_true", help="bf16 on both sides: TRL bf16=True (autocast); ours "
+               "--mixed_precision bf16 --vllm_dtype bfloat16")
 p.add_argument("--floor", action="store_true", help="also the matmul-FLOP floor of one iteration on this CPU")
 p.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts per iteration")
 p.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
@@ -119,7 +122,7 @@ def run_trl(use_vllm):
 
     n_iter = args.warmup + args.iters
     cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), use_cpu=True, bf16=False, seed=args.seed,
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), use_cpu=True, bf16=args.bf16, seed=args.seed,
         per_device_train_batch_size=args.prompts_per_update * args.group_size,   # choice 1
         gradient_accumulation_steps=1, steps_per_generation=updates, num_iterations=1,
         num_generations=args.group_size, max_completion_length=args.max_new_tokens,
@@ -231,7 +234,8 @@ def main():
                 "--seed", str(args.seed), "--sample_every", "0", "--threads", str(args.threads),
                 "--train_data", args.data, "--template", args.template, "--train_mix", "proportional",
                 "--ckpt_every", "0", "--target_kl", "0", "--overlong", "off",   # TRL has neither guard
-                *args.ours.split()]
+                *args.ours.replace(",", " ").split(),
+                *(["--mixed_precision", "bf16", "--vllm_dtype", "bfloat16"] if args.bf16 else [])]
     if args.data_dir:
         ours_cmd += ["--data_dir", args.data_dir]
     rc, wall, tree, hwm = run_measured(ours_cmd, work / "ours.log")
@@ -246,7 +250,7 @@ def main():
         from eval import load_rows
         plen = statistics.mean(len(r["prompt_ids"]) for r in load_rows(args.data, "train", args.data_dir, args.template,
                                                                         AutoTokenizer.from_pretrained(args.model)))
-        dtype = "bfloat16" if "bfloat16" in args.ours else "float32"
+        dtype = "bfloat16" if args.bf16 or "bfloat16" in args.ours else "float32"
         floor = flop_floor([dict(prompt_len=plen, response_len=r["response_len"]) for r in rows[args.warmup:]], dtype)
     # -- TRL --
     trl_tried = []

@@ -8,13 +8,15 @@ PY=${PY:-.venv/bin/python}
 mkdir -p bench/results
 declare -A CMD=(
   [trl]="bench/bench_trl.py --threads 1"
+  [trl_smollm2]="bench/bench_trl.py --threads 1 --model data/smollm2/model --template fewshot --data rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&allow_parentheses=False&allow_negation=False&operators=+-*&size=100 --prompts_per_iter 16 --prompts_per_update 4 --max_new_tokens 32 --lr 1e-5 --bf16 --floor"
   [breakdown]="bench/bench_breakdown.py --threads 1"
   [logprob]="bench/bench_logprob.py"
+  [levers]="bench/bench_levers.py"
   [objective]="bench/bench_objective.py"
   [scaling]="bench/bench_scaling.py --threads 1"
 )
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(trl breakdown logprob objective scaling)
+[ ${#names[@]} -eq 0 ] && names=(trl trl_smollm2 breakdown levers logprob objective scaling)
 for n in "${names[@]}"; do
   [ -n "${CMD[$n]:-}" ] || { echo "unknown benchmark '$n'; accepted: ${!CMD[*]}" >&2; exit 2; }
   echo "== $n: python ${CMD[$n]} --out bench/results/$n.json  ($(date -u +%FT%TZ))"

@@ -23,6 +23,20 @@ def stdin_spec(out, inp=""):
     return {"inputs": [inp], "outputs": [out]}
 
 
+def _under_a_trainer(pid):
+    """Whether a live train.py is an ancestor of `pid` (its sandboxes are not this test's: a
+    training run beside the tests must not fail them). An orphan's parent is init: counted."""
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+            if b"train.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def leftovers():
     """Processes of any sandbox (or started by an attack) still alive, after a grace period."""
     for _ in range(40):
@@ -32,7 +46,7 @@ def leftovers():
                 cmd = Path(f"/proc/{p}/cmdline").read_bytes() if p.isdigit() else b""
             except OSError:
                 continue
-            if any(m in cmd for m in (b"rwsbx-", b"/sandbox/solution.py", MARK.encode())):
+            if any(m in cmd for m in (b"rwsbx-", b"/sandbox/solution.py", MARK.encode())) and not _under_a_trainer(int(p)):
                 found.append(cmd.replace(b"\0", b" ")[:120])
         if not found:
             return []

@@ -66,8 +66,12 @@ def recorded(tiny, tmp_path_factory):
 @pytest.mark.parametrize("option", [[], ["--drop_uniform_groups", "--overlong", "mask"]], ids=["plain", "drop+mask"])
 def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, option):
     replay = ["--replay_rollouts", str(recorded / "rollouts")]
+    ev = [] if option else ["--eval_data", "tiny-math"]   # plain: also the final avg@k, sharded over ranks
     ok(run(train_cmd(tiny, tmp_path / "one", *MP, *option, *replay))[0])
-    two = ok(run(LAUNCH_2 + train_cmd(tiny, tmp_path / "two", *MP, *option, *replay)[1:], timeout=300)[0])
+    two = ok(run(LAUNCH_2 + train_cmd(tiny, tmp_path / "two", *MP, *option, *replay, *ev)[1:], timeout=300)[0])
+    if ev:   # each rank sampled and scored its half of the 20 held-out problems; rank 0 wrote all of it
+        got = json.loads((tmp_path / "two" / "eval.json").read_text())["avg@8"]
+        assert set(got) == {"tiny-math", "all"} and 0 <= got["all"] <= 100, got
     assert "2 process(es)" in two.stdout + two.stderr, "accelerate launch did not start two processes"
     a, b = metrics(tmp_path / "one")[0], metrics(tmp_path / "two")[0]
     if option:

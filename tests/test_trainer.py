@@ -286,3 +286,19 @@ def test_presets_parse(preset):
     import train
     args = train.parse_args([f"@{ROOT / 'configs' / preset}"])
     assert args.model and args.train_data
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_eos(tiny, tmp_path):
+    """Llama base models have no pad token: train.py pads with EOS instead of failing mid-run."""
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(tiny / "model", model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg.pop("pad_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(str(model)).pad_token_id is None, "precondition: no pad token"
+    out = tmp_path / "run"
+    ok(run([PY, "train.py", "--model", str(model), "--data_dir", str(tiny), "--iters", "1", "--threads", "1",
+            "--prompts_per_iter", "2", "--prompts_per_update", "2", "--out_dir", str(out)])[0])
+    assert [r["iter"] for r in metrics(out)] == [1]
