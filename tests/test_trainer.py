@@ -294,7 +294,7 @@ def test_a_tokenizer_without_a_pad_token_pads_with_eos(tiny, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(tiny / "model", model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
-    cfg.pop("pad_token", None)
+    cfg["pad_token"] = None   # explicit: Qwen2Tokenizer would otherwise default it to <|endoftext|>
     (model / "tokenizer_config.json").write_text(json.dumps(cfg))
     from transformers import AutoTokenizer
     assert AutoTokenizer.from_pretrained(str(model)).pad_token_id is None, "precondition: no pad token"
