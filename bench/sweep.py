@@ -537,8 +537,9 @@ def plot_clip_by_mu(stats, path):
     nan = float("nan")
     pct = lambda xs: [nan if x is None else 100 * x for x in xs]
     labels, x = mu_buckets(), range(len(gppo.MU_EDGES) + 1)
-    divs = list(gppo.DIVERGENCES)
-    fig, axes = plt.subplots(1, len(divs), figsize=(3.7 * len(divs), 3.9), sharey=True)
+    divs = [d for d in gppo.DIVERGENCES if any(f"{d}-{e}" in stats for e in gppo.ESTIMATORS)] or ["tv"]
+    fig, axes = plt.subplots(1, len(divs), figsize=(3.7 * len(divs), 3.9), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, d in zip(axes, divs):
         tw = ax.twinx()
         ax.set_zorder(tw.get_zorder() + 1)     # lines in front of the token-share bars
@@ -561,7 +562,7 @@ def plot_clip_by_mu(stats, path):
         ax.set_title(d)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper right", title="estimator", title_fontsize=7)
+            ax.legend(fontsize=7, loc="lower left", title="estimator", title_fontsize=7)
         ax.set_xlabel("behaviour probability mu of the token")
     axes[0].set_ylabel("clipped share of the bucket's tokens (%)")
     fig.suptitle("where each region clips, measured on the training batches (averaged over iterations; "
@@ -702,8 +703,9 @@ def main():
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         failed = [ns for ns, res in zip(pending, pool.map(job, enumerate(pending))) if res is None]
-    # every invocation is logged, so the table can say how long the whole sweep took, piece by piece
-    with open(os.path.join(args.out, "invocations.jsonl"), "a") as f:
+    # every invocation that ran something is logged, so the table can say how long the whole sweep
+    # took, piece by piece (a --publish with nothing left to run adds no line)
+    with open(os.path.join(args.out, "invocations.jsonl"), "a") if pending else open(os.devnull, "w") as f:
         f.write(json.dumps(dict(command=command, ran=len(pending) - len(failed), failed=len(failed),
                                 jobs=args.jobs, wall_s=time.time() - t0,
                                 at=time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)))) + "\n")
