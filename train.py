@@ -646,7 +646,7 @@ def main(argv=None):
 
 def evaluate(args, run, name):
     """avg@k of the engine's current weights on the held-out rows (every rank scores its share),
-    written to out_dir/name and logged as one JSON line."""
+    written to out_dir/name and logged as one readable line."""
     from eval import avg_at_k
     run.log(f"evaluating avg@{args.eval_k}: {len(run.eval_rows)} held-out problems ({args.eval_data}) x "
             f"{args.eval_k} samples ...")
@@ -655,13 +655,17 @@ def evaluate(args, run, name):
         with open(os.path.join(args.out_dir, name), "w") as f:
             json.dump({f"avg@{args.eval_k}": res, "model": args.model if name == "eval_start.json"
                        else os.path.join(args.out_dir, "final")}, f)
-    run.log(json.dumps({"eval" if name == "eval.json" else "eval_start": res}))
+    scores = " | ".join(f"{k} {v:.1f}" for k, v in res.items())
+    run.log(f"{'start ' if name == 'eval_start.json' else ''}avg@{args.eval_k}: {scores} ({name})")
 
 
 def save_policy(acc, model, tokenizer, path):
     """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
     state = acc.get_state_dict(model)        # gathered from the shards under FSDP
     if acc.is_main_process:
+        if getattr(acc.unwrap_model(model).config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # tied to embed_tokens: the file is the same without the
+                                               # copy, and transformers stops warning "Removed shared tensor"
         shutil.rmtree(path + ".tmp", ignore_errors=True)
         acc.unwrap_model(model).save_pretrained(path + ".tmp", state_dict=state)
         tokenizer.save_pretrained(path + ".tmp")
