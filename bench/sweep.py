@@ -463,14 +463,16 @@ def curves(hists):
 
 def plot_dynamics(curv, path):
     """Reward and entropy against iteration, mean over seeds with a min-max band: one column per
-    divergence (its three estimators) and one for the baselines; tv-mc dashed grey in the others."""
+    divergence with runs (its three estimators) and one for the baselines; tv-mc dashed grey in the others."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     groups = [("baselines", list(gppo.BASELINES))] + \
              [(d, [f"{d}-{e}" for e in gppo.ESTIMATORS]) for d in gppo.DIVERGENCES]
-    fig, axes = plt.subplots(2, len(groups), figsize=(3.2 * len(groups), 5.6), sharex=True, sharey="row")
+    groups = [(t, ms) for t, ms in groups if any(m in curv for m in ms if m != REFERENCE)] or groups[:1]
+    fig, axes = plt.subplots(2, len(groups), figsize=(3.2 * len(groups), 5.6), sharex=True, sharey="row",
+                             squeeze=False)
     for j, (title, members) in enumerate(groups):
         for i, key in enumerate(("reward_mean", "entropy")):
             ax = axes[i, j]
