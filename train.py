@@ -477,8 +477,9 @@ def behaviour_logprobs(args, model, batch, pad_id, device):
     sampled (recompute), or vLLM's own (no forward pass). Also the truncated-IS weights and the
     summed |trainer - vLLM| log-prob gap over tokens (with mu_source vllm, update() measures it)."""
     n = len(batch.texts)
-    if args.mu_source == "vllm":
-        return [torch.tensor(lp) for lp in batch.logprobs], None, [0.0, 0]
+    if args.mu_source == "vllm":   # no TIS (refused with it): weight 1 on every token
+        old = [torch.tensor(lp) for lp in batch.logprobs]
+        return old, [torch.ones_like(o) for o in old], [0.0, 0]
     old, tis, gap = [None] * n, [None] * n, [0.0, 0]
     with torch.no_grad():
         for s in range(0, n, args.micro_batch_size):
