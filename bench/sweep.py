@@ -711,7 +711,8 @@ def main():
         f.write(json.dumps(dict(command=command, ran=len(pending) - len(failed), failed=len(failed),
                                 jobs=args.jobs, wall_s=time.time() - t0,
                                 at=time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)))) + "\n")
-    text = report(args.out, settings, threads, args.jobs, read_metrics(os.path.join(args.out, "invocations.jsonl")))
+    invocations = os.path.join(args.out, "invocations.jsonl")
+    text = report(args.out, settings, threads, args.jobs, read_metrics(invocations) if os.path.exists(invocations) else [])
     print(text, flush=True)
     if args.publish:
         os.makedirs(args.publish_dir, exist_ok=True)

@@ -295,6 +295,9 @@ def test_report_of_a_finished_sweep(tmp_path):
     (out / "eval_start.json").write_text(json.dumps({"avg@8": {"tiny-math": 25.0, "tiny-code": 20.0, "all": 23.0},
                                                      "model": "m"}))
     (out / "regions.png").write_bytes(b"")
+    earlier = {"command": "bench/sweep.py --seeds 0-1 --jobs 2", "ran": 5, "failed": 0, "jobs": 2,
+               "wall_s": 600.0, "at": "2026-12-04 09:01"}         # the invocation that made the runs
+    (out / "invocations.jsonl").write_text(json.dumps(earlier) + "\n")
     pub = tmp_path / "pub"
     proc = subprocess.run([sys.executable, "bench/sweep.py", "--out", str(out), "--model", "m", "--data_dir", "d",
                            "--only", "grpo,tv-atomic", "--seeds", "0-1", "--iters", "2", "--publish",
@@ -307,11 +310,11 @@ def test_report_of_a_finished_sweep(tmp_path):
     assert "| kl-atomic | 1 | 40.0 | +10.0 [n < 2] (n=1) |" not in table      # n=1 row: its n says it
     assert "| kl-atomic | 1 | 40.0 | +10.0 [n < 2] |" in table
     assert "| atomic above mc | tv-atomic − tv-mc | +8.6 / +2.5 | 2 | +5.0 [+5.0, +5.0] ✱ | reproduced |" in table
-    assert "bench/sweep.py --out" in table and "0 runs in" in table
+    assert "`bench/sweep.py --seeds 0-1 --jobs 2`: 5 runs in 10.0 min" in table
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["warm_start"]["tiny-math"] == 25.0 and summary["rows"]["tv-mc"]["gain_tiny-math"] == 5.5
     assert set(summary["clip_by_mu"]) == {"tv-mc", "tv-atomic", "kl-atomic"} and len(summary["runs"]) == 5
-    assert len((out / "invocations.jsonl").read_text().splitlines()) == 1
+    assert len((out / "invocations.jsonl").read_text().splitlines()) == 1   # this one ran nothing: no line
     assert sorted(os.listdir(pub)) == ["clip_by_mu.png", "dynamics.png", "regions.png", "sweep.json", "table.md"]
     for f in ("dynamics.png", "clip_by_mu.png"):
         assert (pub / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
