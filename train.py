@@ -32,7 +32,7 @@ How one iteration goes, and where it departs from textbook GRPO:
 7. After the updates the new weights stream into the running vLLM engine in memory (rollout.py).
 Everything is logged once per iteration (one line, metrics.jsonl), reduced over ranks.
 """
-import argparse, json, math, os, random, shutil, signal, sys, time
+import argparse, json, logging, math, os, random, shutil, signal, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
@@ -413,7 +413,19 @@ def checkpoints(ckpt_dir):
     return [os.path.join(ckpt_dir, n) for n in names]
 
 
+class _TiedWeightsNotice(logging.Filter):
+    """save_state stores tied weights once (lm_head.weight is embed_tokens) and warns "Removed shared
+    tensor ... while saving" at every checkpoint; load_state ties them again (resume is tested to be
+    bitwise), so the warning says nothing here and is dropped."""
+    def filter(self, record):
+        return "Removed shared tensor" not in record.getMessage()
+
+
+TIED_WEIGHTS_NOTICE = _TiedWeightsNotice()
+
+
 def save_checkpoint(args, acc, ckpt_dir, it):
+    logging.getLogger("accelerate.utils.other").addFilter(TIED_WEIGHTS_NOTICE)    # added once (same object)
     path = os.path.join(ckpt_dir, f"iter_{it:06d}")
     if acc.is_main_process:
         shutil.rmtree(path + ".tmp", ignore_errors=True)
@@ -664,9 +676,6 @@ def save_policy(acc, model, tokenizer, path):
     """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
     state = acc.get_state_dict(model)        # gathered from the shards under FSDP
     if acc.is_main_process:
-        if getattr(acc.unwrap_model(model).config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # tied to embed_tokens: the file is the same without the
-                                               # copy, and transformers stops warning "Removed shared tensor"
         shutil.rmtree(path + ".tmp", ignore_errors=True)
         acc.unwrap_model(model).save_pretrained(path + ".tmp", state_dict=state)
         tokenizer.save_pretrained(path + ".tmp")
