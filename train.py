@@ -413,19 +413,15 @@ def checkpoints(ckpt_dir):
     return [os.path.join(ckpt_dir, n) for n in names]
 
 
-class _TiedWeightsNotice(logging.Filter):
+def _not_tied_weights_notice(record):
     """save_state stores tied weights once (lm_head.weight is embed_tokens) and warns "Removed shared
     tensor ... while saving" at every checkpoint; load_state ties them again (resume is tested to be
     bitwise), so the warning says nothing here and is dropped."""
-    def filter(self, record):
-        return "Removed shared tensor" not in record.getMessage()
-
-
-TIED_WEIGHTS_NOTICE = _TiedWeightsNotice()
+    return "Removed shared tensor" not in record.getMessage()
 
 
 def save_checkpoint(args, acc, ckpt_dir, it):
-    logging.getLogger("accelerate.utils.other").addFilter(TIED_WEIGHTS_NOTICE)    # added once (same object)
+    logging.getLogger("accelerate.utils.other").addFilter(_not_tied_weights_notice)   # skipped if already there
     path = os.path.join(ckpt_dir, f"iter_{it:06d}")
     if acc.is_main_process:
         shutil.rmtree(path + ".tmp", ignore_errors=True)

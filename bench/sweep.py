@@ -707,11 +707,12 @@ def main():
         failed = [ns for ns, res in zip(pending, pool.map(job, enumerate(pending))) if res is None]
     # every invocation that ran something is logged, so the table can say how long the whole sweep
     # took, piece by piece (a --publish with nothing left to run adds no line)
-    with open(os.path.join(args.out, "invocations.jsonl"), "a") if pending else open(os.devnull, "w") as f:
-        f.write(json.dumps(dict(command=command, ran=len(pending) - len(failed), failed=len(failed),
-                                jobs=args.jobs, wall_s=time.time() - t0,
-                                at=time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)))) + "\n")
     invocations = os.path.join(args.out, "invocations.jsonl")
+    if pending:
+        with open(invocations, "a") as f:
+            f.write(json.dumps(dict(command=command, ran=len(pending) - len(failed), failed=len(failed),
+                                    jobs=args.jobs, wall_s=time.time() - t0,
+                                    at=time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)))) + "\n")
     text = report(args.out, settings, threads, args.jobs, read_metrics(invocations) if os.path.exists(invocations) else [])
     print(text, flush=True)
     if args.publish:
