@@ -9,7 +9,7 @@
 #   DIVERGENCE: tv chi2 kl hellinger js      ESTIMATOR: mc atomic binary   (python train.py -h: all flags)
 #
 # Embedded default (2-core CPU, no GPU, no hub): the committed warm-start model data/tiny/model
-# (data/prepare.py --force rebuilds it), 60 iterations of 64 prompts x 8 completions; about 5 min
+# (data/prepare.py --force rebuilds it), 60 iterations of 64 prompts x 8 completions; 5-7 min
 # on a 2-core Xeon (README "Results"). smollm2: configs/smollm2_cpu.args, about 22 min. Extra flags go to train.py.
 set -euo pipefail
 cd "$(dirname "$0")"
