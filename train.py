@@ -161,7 +161,7 @@ def parse_args(argv=None):
     args.ratio_bounds = None if args.ratio_bounds == "none" else tuple(float(x) for x in args.ratio_bounds.split(","))
     args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
     if args.objective == "gppo":   # fails fast on a bad delta or bounds
-        gppo._check(args.divergence, args.estimator, args.delta, args.ratio_bounds, args.dual_clip, args.agg)
+        gppo.check_config(args.divergence, args.estimator, args.delta, args.ratio_bounds, args.dual_clip, args.agg)
     args.cell = f"{args.divergence}-{args.estimator}" if args.objective == "gppo" else args.objective
     args.out_dir = args.out_dir or os.path.join("out", f"{args.cell}-seed{args.seed}")
     return args
@@ -310,7 +310,7 @@ def update(args, acc, model, opt, ref_model, batch, old, tis, adv, keep, batches
                             ref_lp, _ = token_logprobs(ref_model, ids, attn, resp, args.logp_chunk_mb)
                         d = ref_lp - lp
                         kl = d.exp() - d - 1
-                        loss = loss + args.kl_coef * gppo._aggregate(kl * m, m.bool(), args.agg, count / world)
+                        loss = loss + args.kl_coef * gppo.aggregate(kl, m.bool(), args.agg, count / world)
                         sums["kl_ref"] += (kl.detach() * m).sum().item()
                     acc.backward(loss)
                 if filler:

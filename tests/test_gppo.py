@@ -390,9 +390,10 @@ def reference_outside(div, est, log_r, old, delta):
 
 
 @pytest.mark.parametrize("div,est", CELLS)
-def test_float32_region_matches_float64(div, est):
-    """On a dense (mu, r) grid with the hard cases (mu near 1, denormal 1 - mu, mu = delta where tv-binary's
-    region ends at r = 0, r at the clamp) float32 decides every token as float64 does."""
+def test_region_decisions_match_float64_reference(div, est):
+    """On a dense (mu, r) grid of float32 inputs with the hard cases (mu near 1, denormal 1 - mu, mu = delta
+    where tv-binary's region ends at r = 0, r at the clamp), gppo.estimate (what gppo_loss decides with)
+    puts exactly the tokens outside the region that the independent float64 reference does."""
     delta = gppo.default_delta(div)
     log_mu = torch.cat([torch.linspace(math.log(1e-30), 0, 300), -torch.logspace(-30, -0.01, 100),
                         torch.tensor([0.0, -1e-7, -1e-30, -1e-40, -1e-44, math.log(delta), math.log(0.1)])])
@@ -400,8 +401,23 @@ def test_float32_region_matches_float64(div, est):
     old = log_mu[:, None].expand(len(log_mu), len(log_r)).float().contiguous()
     lr = log_r[None, :].expand_as(old).float()
     lr = (torch.minimum(lr, -old) if est == "binary" else lr).contiguous()   # binary: pi <= 1
-    outside, _ = gppo._outside(gppo.DIVERGENCES[div], gppo.ESTIMATORS[est], lr, old, delta)
+    outside = ~(gppo.estimate(lr, old, div, est) <= delta)
     assert torch.equal(outside, reference_outside(div, est, lr, old, delta))
+
+
+def neyman(r):
+    return (r - 1) ** 2 / r        # Neyman chi^2, the README how-to's example divergence
+
+
+@pytest.mark.parametrize("f", [*gppo.DIVERGENCES.values(), neyman])
+def test_divergence_rule(f):
+    """The rule a new divergence must obey (gppo.py, above DIVERGENCES): on float64 r anywhere in
+    [0, 1e45] (binary's complement ratio reaches ~1e45 for 1 - mu at float32's smallest denormal) it is
+    finite or +inf, never NaN, and 0 at r = 1."""
+    r = torch.cat([torch.zeros(1), torch.logspace(-45, 45, 2001, dtype=torch.float64)]).double()
+    v = f(r)
+    assert v.dtype == torch.float64 and not torch.isnan(v).any() and (v > -math.inf).all()
+    assert f(torch.ones(1, dtype=torch.float64)).abs().item() < 1e-15
 
 
 # ---- numerics (hypothesis) ----
