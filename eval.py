@@ -3,6 +3,7 @@ avg@k of a model folder on held-out problems: k samples per problem, scored by r
 
     python eval.py --model data/tiny/model                       # the warm-start model
     python eval.py --model out/kl-atomic-seed0/final --k 8       # any trained policy
+    python eval.py --data jsonl:data/mytask/reverse              # your rows: data/mytask/reverse_test.jsonl
     python eval.py --model Qwen/Qwen3-8B-Base --data aime24,aime25 --template dapo \
         --max_new_tokens 20480 --max_model_len 21504             # the paper's math evaluation
 
@@ -12,13 +13,15 @@ Choices:
 2. Samples come from vLLM (rollout.py), the same engine the trainer samples with. Under
    `accelerate launch` (train.py's final evaluation) each process scores its share of the
    problems and the scores are gathered, so no rank waits alone in a collective.
-3. Problems are checked when they are loaded: a prompt that leaves no room for the response
-   (prompt + max_new_tokens > max_model_len) or a code row whose tests cannot be run is refused
-   there, naming the row, not in the middle of a run.
+3. Problems are checked when they are loaded: a row of an unknown task, a ground truth its task
+   cannot use (reward.TASKS' check: code tests that cannot run, a word as a math answer) or a
+   prompt that leaves no room for the response (prompt + max_new_tokens > max_model_len) is
+   refused there, naming the row, not in the middle of a run.
 4. One table row per data set, then one JSON line (`{"avg@k": {...}}`) for scripts;
    `--compare BEFORE AFTER` prints two such results side by side (run.sh's closing table).
 """
 import argparse
+import hashlib
 import json
 import time
 
@@ -32,17 +35,16 @@ def load_rows(names, split, data_dir, template, tokenizer, max_prompt_tokens=Non
     rows = []
     for name in [n for n in names.split(",") if n]:
         for row in load_problems(name, split=split, data_dir=data_dir):
+            where = f"{name} ({split}) row {row['id']!r}"
+            try:  # the row's task is registered and its ground truth is one the reward can use
+                reward.get_task(row["task"]).check(row["ground_truth"])
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
             row["prompt"] = format_prompt(row, template, tokenizer)
             row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-            where = f"{name} ({split}) row {row['id']!r}"
             if max_prompt_tokens is not None and len(row["prompt_ids"]) > max_prompt_tokens:
                 raise ValueError(f"{where}: its prompt is {len(row['prompt_ids'])} tokens; accepted: at most "
                                  f"{max_prompt_tokens} (--max_model_len minus --max_new_tokens)")
-            if row["task"] == "code":
-                try:
-                    reward.parse_tests(row["ground_truth"])
-                except ValueError as e:
-                    raise ValueError(f"{where}: {e}") from None
             rows.append(row)
     if not rows:
         raise ValueError(f"no problems in data sets {names!r} (split {split!r})")
@@ -68,15 +70,27 @@ def avg_at_k(engine, rows, k, max_new_tokens, seed=0, acc=None):
     return out
 
 
+def table_name(name):
+    """A data set's name for a table row. reasoning-gym names carry their options
+    (`rg:<set>?<options>`, a hundred characters or more): the set and a short hash of the options
+    (`rg:basic_arithmetic#3f2a`) tell sets apart and stay readable."""
+    if "?" not in name:
+        return name
+    base, options = name.split("?", 1)
+    return f"{base}#{hashlib.sha1(options.encode()).hexdigest()[:4]}"
+
+
 def compare_table(before, after):
-    """The end-of-run table: each data set's avg@k before and after training and the difference.
+    """The end-of-run table: each data set's avg@k before and after training and the difference,
+    then, under it, the full name of each set the table shortened.
     `before` / `after`: the JSON objects eval.py --out and train.py's eval.json hold."""
     (key, a), (_, b) = next(iter(before.items())), next(iter(after.items()))
-    lines = [f"{'data set':<16}{'before':>9}{'after':>9}{'change':>9}   ({key}, %)"]
-    for name in [n for n in b if n != "all"] + ["all"]:
-        if name in a and name in b:
-            short = name if len(name) <= 16 else name.split("?")[0][:16]   # rg:<set>?<config> names are long
-            lines.append(f"{short:<16}{a[name]:>9.1f}{b[name]:>9.1f}{b[name] - a[name]:>+9.1f}")
+    names = [n for n in [n for n in b if n != "all"] + ["all"] if n in a and n in b]
+    w = max([16] + [len(table_name(n)) for n in names])     # the name column fits the longest name
+    lines = [f"{'data set':<{w}}{'before':>9}{'after':>9}{'change':>9}   ({key}, %)"]
+    for name in names:
+        lines.append(f"{table_name(name):<{w}}{a[name]:>9.1f}{b[name]:>9.1f}{b[name] - a[name]:>+9.1f}")
+    lines += [f"  {table_name(n)} = {n}" for n in names if table_name(n) != n]
     return "\n".join(lines)
 
 
@@ -107,7 +121,9 @@ def main():
                 f"--max_model_len={args.max_model_len} (prompt and response share it)")
 
     from transformers import AutoTokenizer
+    from transformers.utils.logging import disable_progress_bar
     from rollout import make_engine
+    disable_progress_bar()   # transformers' "Loading weights" bars (the HF backend loads a model)
     t0 = time.time()
     tok = AutoTokenizer.from_pretrained(args.model)
     rows = load_rows(args.data, args.split, args.data_dir, args.template, tok,

@@ -1,13 +1,16 @@
 """
-Binary rewards for RL on model-written text: 1.0 for a correct response, 0.0 otherwise.
+Tasks and their binary rewards for RL on model-written text: 1.0 for a correct response, else 0.0.
 
     score("math", completions, ground_truths)  # gold answers such as "56", "\\frac{1}{2}", "[1, 2)"
     score("code", completions, test_specs)     # APPS/TACO/PRIME {"inputs": [...], "outputs": [...]}
     score("rg", completions, ground_truths)    # reasoning-gym rows of data/loaders.py ("rg:<name>")
+    score("exact", completions, ground_truths) # words: "tac" (the answer line, exactly; choice 11)
 
-`score` is what the trainer calls once per iteration: the whole batch, in parallel, results in
-input order. Bad model output never raises (it scores 0); bad configuration (unknown task,
-malformed test spec or ground truth) raises ValueError. Tests: `python -m pytest tests/test_reward.py`.
+A task is one entry of TASKS (choice 10): its instruction (the prompt templates of data/loaders.py),
+its ground-truth check (run on every row when it is loaded) and its reward. `score` is what the
+trainer calls once per iteration: the whole batch, in parallel, results in input order. Bad model
+output never raises (it scores 0); bad configuration (unknown task, malformed test spec or ground
+truth) raises ValueError. Tests: `python -m pytest tests/test_reward.py tests/test_tasks.py`.
 
 Design choices:
 1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
@@ -39,9 +42,17 @@ Design choices:
    {"dataset", "config", "entry"}; the worker rebuilds the data set object from name + config.
 9. The pool of checker workers (and of concurrent sandboxes) defaults to this process's cores
    divided by LOCAL_WORLD_SIZE: under `accelerate launch` every rank on a node scores at once.
+10. One registry, TASKS: adding a task is one Task entry, and a row's "task" field picks it. A
+   math ground truth must be a math expression: math-verify reads a bare word as a product of
+   variables ("tac" is a*c*t), so "\\boxed{cat}" would score 1 against it. The check refuses bare
+   letter runs outside \\text{...} and function names (sin, log, ...), and names task "exact".
+11. "exact" compares the answer line (extract_answer, as for math) with the ground truth after
+   the same clean-up and with runs of whitespace made one space. It is case-sensitive: exactness
+   is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more entry.
 """
-import atexit, concurrent.futures, functools, json, math, os, queue, re, secrets, select
+import atexit, concurrent.futures, dataclasses, functools, json, math, os, queue, re, secrets, select
 import shutil, signal, subprocess, sys, tempfile, threading, time
+from typing import Callable
 
 # --- configuration (defaults; timeouts can also be passed per call) ---
 MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
@@ -85,8 +96,12 @@ def extract_answer(completion):
     for m in _ANSWER_LINE.finditer(text):
         if m.start() > pos:  # a later Answer line wins; "Answer: \boxed{5}" is boxed (later)
             answer, pos = m.group(1), m.start()
-    answer = answer.strip(" \t*$").rstrip(".").strip(" \t*$") if answer else ""  # **, $..$, 56.
-    return answer or None
+    return _clean(answer) if answer else None
+
+
+def _clean(answer):
+    """Emphasis, $..$ and a final full stop off an answer (**56**, $56$, 56.); "" if nothing is left."""
+    return answer.strip(" \t*$").rstrip(".").strip(" \t*$")
 
 
 def _pathological(answer):
@@ -102,6 +117,36 @@ def _pathological(answer):
         if re.search(r"\^|\*\*|\d{5,}|!", exponent):
             return True  # a tower (power in an exponent) or an exponent >= 10^4
     return False
+
+
+# A math ground truth is refused if, once text arguments and LaTeX commands are taken out, it still
+# has a run of 2+ letters that is not a function name (choice 10): math-verify would read it as a
+# product of variables. Single letters (x, A, i) are variables or choices, as math-verify reads them.
+_TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it|sf|tt)|operatorname|begin|end)\s*\{[^{}]*\}")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_LETTERS = re.compile(r"[^\W\d_]{2,}")
+_MATH_NAMES = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh",
+               "tanh", "log", "ln", "exp", "sqrt", "pi", "max", "min", "gcd", "lcm", "mod"}
+
+
+def _math_gold(ground_truth):
+    """A math ground truth as math-verify gets it; ValueError if it is not a math expression."""
+    g = ground_truth
+    if not isinstance(g, (str, int, float)) or isinstance(g, bool):
+        raise ValueError(f"math ground truth must be a string, got {g!r}")
+    gold = str(g).strip().strip("$")
+    if not gold:
+        raise ValueError(f"math ground truth {g!r} is empty")
+    bare = _COMMAND.sub(" ", _TEXT_ARG.sub(" ", gold))
+    words = [w for w in _LETTERS.findall(bare) if w.lower() not in _MATH_NAMES]
+    if words:
+        w = words[0]
+        raise ValueError(
+            f"math ground truth {g!r} is not a math expression: math-verify reads {w!r} as the product "
+            f"{'*'.join(w)}, so any answer with these letters in any order would score 1. For answers "
+            f"that are words use task 'exact'; in a math answer write text as \\text{{{w}}} and a product "
+            f"of variables with spaces ({' '.join(w)})")
+    return gold
 
 
 def _checker(kind):
@@ -504,9 +549,9 @@ def _code_score(code, spec, timeout, max_tests):
     return 1.0
 
 
-def _code_reward(completion, spec, timeout, max_tests=CODE_MAX_TESTS):
+def _code_judge(code, spec, timeout, max_tests=CODE_MAX_TESTS):
     try:
-        return _code_score(extract_code(completion), spec, timeout, max_tests)
+        return _code_score(code, spec, timeout, max_tests)
     except SandboxError:  # a broken sandbox is configuration too
         raise
     except Exception:  # anything the model's output provokes (bad JSON, str, ...) scores 0
@@ -514,43 +559,94 @@ def _code_reward(completion, spec, timeout, max_tests=CODE_MAX_TESTS):
 
 
 def code_reward(completion, tests, *, timeout=CODE_TIMEOUT_S, max_tests=CODE_MAX_TESTS):
-    return _code_reward(completion, _parse_tests(tests), timeout, max_tests)
+    spec = _parse_tests(tests)
+    return _code_judge(extract_code(completion), spec, timeout, max_tests) if isinstance(completion, str) else 0.0
+
+
+# ----------------------------------------------------------------------------------- tasks
+# Instructions for base models (data/loaders.py's "chat" template; "dapo" and "code" are the math
+# and code ones alone): each asks for the answer in the form its task's `extract` reads.
+# DAPO's is verbatim from the prompts of DAPO-Math-17k.
+DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response "
+               "should be of the form Answer: $Answer (without quotes) where $Answer is the "
+               "answer to the problem.\n\n")
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+CODE_STDIN = ("{problem}\n\nWrite a Python 3 program that solves the problem above. It must read "
+              "the input from standard input and print the answer to standard output. Give the "
+              "complete program in a single ```python code block.")
+CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by defining `{fn_name}` "
+             "(keep the signature of the starter code if one is given); it is called on each test "
+             "input and its return value is checked. Give the complete code in a single ```python "
+             "code block.")
+ANSWER_SUFFIX = '\n\nEnd your response with a line of the form "Answer: <answer>".'
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One kind of problem: how to ask for it, what a valid ground truth is, how to score a response."""
+    instruction: Callable    # row -> the prompt text for a base model
+    check: Callable          # ground truth -> the gold `judge` gets; ValueError if malformed (run at load time)
+    extract: Callable        # completion -> the answer `judge` gets (a str), None if there is none (scores 0)
+    judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]; raises only on configuration
+    timeout: float = 5.0     # default limit per item (seconds), passed to judge
+    uses_pool: bool = False  # judge asks the checker worker processes (_verdict): start them first
+
+
+def _code_instruction(row):
+    fn_name = _parse_tests(row["ground_truth"]).get("fn_name")
+    template = CODE_CALL if fn_name else CODE_STDIN
+    return template.format(problem=row["problem"], fn_name=fn_name)
+
+
+def _exact_gold(ground_truth):
+    if not isinstance(ground_truth, (str, int)) or isinstance(ground_truth, bool):
+        raise ValueError(f"exact ground truth must be a string, got {ground_truth!r}")
+    gold = " ".join(_clean(str(ground_truth)).split())  # as the answer is cleaned (choice 11)
+    if not gold:
+        raise ValueError(f"exact ground truth {ground_truth!r} is empty")
+    return gold
+
+
+TASKS = {
+    "math": Task(instruction=lambda row: DAPO_PREFIX + row["problem"] + DAPO_SUFFIX, check=_math_gold,
+                 extract=extract_answer, timeout=MATH_TIMEOUT_S, uses_pool=True,
+                 judge=lambda a, gold, t: 0.0 if _pathological(a) else _verdict("math", gold, a, t)),
+    "code": Task(instruction=_code_instruction, check=_parse_tests, extract=extract_code,
+                 judge=_code_judge, timeout=CODE_TIMEOUT_S),
+    "rg": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_rg_gold,
+               extract=extract_answer, timeout=RG_TIMEOUT_S, uses_pool=True,
+               judge=lambda a, gold, t: _verdict("rg", gold, a, t)),
+    "exact": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_exact_gold,
+                  extract=extract_answer, judge=lambda a, gold, t: float(" ".join(a.split()) == gold)),
+}
+
+
+def get_task(name):
+    """The registered Task `name`; ValueError naming the registered ones."""
+    if not isinstance(name, str) or name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(map(repr, TASKS))} "
+                         f"(reward.TASKS)")
+    return TASKS[name]
 
 
 # ----------------------------------------------------------------------------------- batch
 def score(task, completions, ground_truths, workers=None, timeout=None):
     """Rewards for a batch, in input order, `workers` items at a time (default: choice 9)."""
-    if task not in ("math", "code", "rg"):
-        raise ValueError(f"unknown task {task!r}; expected 'math', 'code' or 'rg'")
+    t = get_task(task)
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
+    golds = [t.check(g) for g in ground_truths]  # fail fast, before running anything
     # choice 9: the ranks of one node share its cores
     workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    if task == "code":
-        specs = [_parse_tests(t) for t in ground_truths]  # fail fast, before running anything
-        run = lambda c, s: _code_reward(c, s, timeout or CODE_TIMEOUT_S)
-        items = zip(completions, specs)
-    elif task == "rg":
-        golds = [_rg_gold(g) for g in ground_truths]  # fail fast, before starting workers
+    if t.uses_pool:
         _start_workers(workers)
-        answers = [extract_answer(c) if isinstance(c, str) else None for c in completions]
-        run = lambda a, g: 0.0 if a is None else _verdict("rg", g, a, timeout or RG_TIMEOUT_S)
-        items = zip(answers, golds)
-    else:
-        for g in ground_truths:
-            if not isinstance(g, (str, int, float)) or isinstance(g, bool):
-                raise ValueError(f"math ground truth must be a string, got {g!r}")
-        _start_workers(workers)
-        answers = [extract_answer(c) if isinstance(c, str) else None for c in completions]
-        run = lambda a, g: 0.0 if a is None or _pathological(a) else \
-            _verdict("math", str(g).strip().strip("$"), a, timeout or MATH_TIMEOUT_S)
-        items = zip(answers, ground_truths)
+    answers = [t.extract(c) if isinstance(c, str) else None for c in completions]
+    run = lambda a, g: 0.0 if a is None else t.judge(a, g, timeout or t.timeout)
     # Identical (answer, ground truth) pairs are judged once: a converging policy repeats itself
     # (most of a group's 8 programs are often the same text), and each distinct program is still
     # run in a fresh sandbox. Keys are the extracted program / answer, so prose around them is free.
-    items = list(items)
-    keys = [(extract_code(a) if task == "code" and isinstance(a, str) else a,
-             json.dumps(g, sort_keys=True) if task == "code" else str(g)) for a, g in items]
+    items = list(zip(answers, golds))
+    keys = [(a, json.dumps(g, sort_keys=True)) for a, g in items]
     first = {}
     for i, k in enumerate(keys):
         first.setdefault(k, i)
@@ -576,9 +672,6 @@ def score_rows(completions, rows, **kw):
         for i, s in zip(idx, got):
             out[i] = s
     return out
-
-
-parse_tests = _parse_tests   # public: eval.load_rows checks every code row's spec at load time
 
 
 def close():

@@ -5,9 +5,11 @@
     prompt = format_prompt(rows[0], "dapo")            # or "plain", "code", "chat" (+ tokenizer)
     rows = load_problems("rg:chain_sum?min_digits=2&max_digits=2", "test")   # reasoning-gym
     prompt = format_prompt(rows[0], "fewshot", tokenizer)                    # or "fewshot:4"
+    rows = load_problems("jsonl:data/mytask/reverse", "train")  # your own: data/mytask/reverse_train.jsonl
 
-Each row is {"id", "task": "math" | "code" | "rg", "problem", "ground_truth", "source": name}. For
-math the ground truth is the answer string; for code it is a JSON test spec {"inputs": [...],
+Each row is {"id", "task", "problem", "ground_truth", "source": name}, "task" a name in reward.TASKS
+("math", "code", "rg", "exact"), which defines the task's instruction and reward. For math the
+ground truth is the answer string; for code it is a JSON test spec {"inputs": [...],
 "outputs": [...]} plus "fn_name" for call-based problems (the APPS/TACO/PRIME format); for
 reasoning-gym it is JSON {"dataset", "config", "entry"}, what reward.py needs to run the data
 set's own checker. reasoning-gym rows also carry "shots" for the "fewshot" template.
@@ -49,6 +51,13 @@ Choices:
    eval pass nothing extra and all prompts share one prefix (vLLM's prefix cache reuses it).
    SmolLM2's chat template adds its default system prompt ("You are a helpful AI assistant named
    SmolLM, trained by Hugging Face") when none is given; we keep it: the model was tuned with it.
+9. Your own data: `jsonl:PREFIX` reads split S from the file PREFIX_S.jsonl (relative to the working
+   directory; --data_dir does not apply), one JSON object a line with "problem", "answer" and
+   "task" (and optionally "id"; other fields are ignored). Each answer passes its task's check
+   (reward.TASKS) as it is read; a missing file, bad JSON, a missing field, an unknown task or a bad
+   answer is refused naming the file and line. A non-string answer (a code test spec object, a
+   number) is kept as its JSON text. The tiny sets stay a case of their own: data/prepare.py
+   writes them already in the row schema, and --data_dir finds them beside the tiny model.
 """
 import ast
 import functools
@@ -61,32 +70,21 @@ from glob import glob
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+import reward  # the task registry (the repo root is on sys.path: the scripts run from it)
+from reward import DAPO_PREFIX, DAPO_SUFFIX  # a task's prompt text lives with its reward
+
 HERE = Path(__file__).resolve().parent
 TINY_DIR = HERE / "tiny"  # written by data/prepare.py
+TINY_RARE_DIR = HERE / "tiny_rare"  # written by data/prepare.py --variant rare
 HUB_DIR = HERE / "hub"    # where the fetch command puts hub copies
 
-# DAPO's instruction, verbatim from the prompts of DAPO-Math-17k (also our "dapo" template).
-DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response "
-               "should be of the form Answer: $Answer (without quotes) where $Answer is the "
-               "answer to the problem.\n\n")
-DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 EURUS_CODE_SUFFIX = re.compile(r"\s*Write Python code to solve the problem\. Present the code in.*\Z", re.S)
-
-# Instructions for base models; the fence is what the code reward extracts.
-CODE_STDIN = ("{problem}\n\nWrite a Python 3 program that solves the problem above. It must read "
-              "the input from standard input and print the answer to standard output. Give the "
-              "complete program in a single ```python code block.")
-CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by defining `{fn_name}` "
-             "(keep the signature of the starter code if one is given); it is called on each test "
-             "input and its return value is checked. Give the complete code in a single ```python "
-             "code block.")
 TEMPLATES = ("plain", "dapo", "code", "chat", "fewshot[:k]")
 RG_SIZES = {"train": 1000, "test": 200}  # default problems per split of an rg: set (choice 7)
 RG_SHOTS = 8                             # the shot pool attached to every rg row (choice 8)
 RG_TEST_SEED = 1 << 31                   # the test split's seed offset (choice 7)
 RG_INSTALL = "pip install reasoning-gym==0.1.25  (or: bash setup.sh)"
-# the zero-shot "chat" instruction for rg rows: the line reward.py extracts
-RG_SUFFIX = '\n\nEnd your response with a line of the form "Answer: <answer>".'
+JSONL_FIELDS = ("problem", "answer", "task")  # what each line of a jsonl:PREFIX file needs (choice 9)
 
 
 # ----------------------------------------------------------------------------- normalisers
@@ -192,7 +190,8 @@ HUB = {
                 "code", _taco_apps),
     "apps": Hub("codeparrot/apps", "json", {"train": "train.jsonl", "test": "test.jsonl"}, "code", _taco_apps),
 }
-TINY = {"tiny-math": "math", "tiny-code": "code"}
+# the embedded sets -> their file prefix (data/prepare.py; tiny-rare-math: --variant rare, in data/tiny_rare)
+TINY = {"tiny-math": "math", "tiny-code": "code", "tiny-rare-math": "rare_math"}
 NAMES = (*TINY, *HUB)
 
 
@@ -203,15 +202,58 @@ def _offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line; ValueError naming file and line otherwise."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line.rstrip("\n"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: bad JSON ({e.msg}, column {e.colno}): "
+                                 f"{line.strip()[:100]!r}") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{n}: need a JSON object, got {line.strip()[:100]!r}")
+            out.append((n, obj))
+    return out
+
+
 def _load_tiny(name: str, split: str, data_dir: str | None) -> list[dict]:
     fname = f"{TINY[name]}_{split}.jsonl"
     # data_dir may be the tiny folder itself or its parent (one --data_dir shared with hub sets)
-    dirs = [Path(data_dir), Path(data_dir) / "tiny"] if data_dir else [TINY_DIR]
+    dirs = [Path(data_dir), Path(data_dir) / "tiny", Path(data_dir) / "tiny_rare"] if data_dir else \
+        [TINY_DIR, TINY_RARE_DIR]
     for d in dirs:
         if (d / fname).is_file():
-            with open(d / fname) as f:
-                return [json.loads(line) for line in f if line.strip()]
-    raise FileNotFoundError(f"{fname} not found in {', '.join(map(str, dirs))}: run `python data/prepare.py`")
+            return [row for _, row in _read_jsonl(d / fname)]
+    build = "python data/prepare.py" + (" --variant rare" if fname.startswith("rare_") else "")
+    raise FileNotFoundError(f"{fname} not found in {', '.join(map(str, dirs))}: run `{build}`")
+
+
+def _load_jsonl(name: str, split: str) -> list[dict]:
+    """Rows of `jsonl:PREFIX`, split `split`: the file PREFIX_<split>.jsonl (choice 9)."""
+    path = Path(f"{name.removeprefix('jsonl:')}_{split}.jsonl")
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} (split {split!r}): no file {path} (jsonl:PREFIX reads "
+                                f"PREFIX_{split}.jsonl, relative to {os.getcwd()})")
+    rows = []
+    for n, raw in _read_jsonl(path):
+        missing = [k for k in JSONL_FIELDS if k not in raw]
+        if missing:
+            raise ValueError(f"{path}:{n}: missing field {missing[0]!r}; each line needs "
+                             f"{', '.join(map(repr, JSONL_FIELDS))}")
+        try:
+            if not isinstance(raw["problem"], str) or not raw["problem"].strip():
+                raise ValueError(f"'problem' must be non-empty text, got {raw['problem']!r}")
+            reward.get_task(raw["task"]).check(raw["answer"])
+        except ValueError as e:
+            raise ValueError(f"{path}:{n}: {e}") from None
+        answer = raw["answer"] if isinstance(raw["answer"], str) else json.dumps(raw["answer"])
+        rows.append({"id": str(raw.get("id", f"{split}-{n}")), "task": raw["task"], "problem": raw["problem"],
+                     "ground_truth": answer, "source": name})
+    return rows
 
 
 def _read_hub(name: str, split: str, data_dir: str | None):
@@ -245,8 +287,11 @@ def load_problems(name: str, split: str = "train", data_dir: str | None = None,
         return _load_tiny(name, split, data_dir)[:limit]
     if name.startswith("rg:"):
         return _load_rg(name, split)[:limit]
+    if name.startswith("jsonl:"):
+        return _load_jsonl(name, split)[:limit]
     if name not in HUB:
-        raise ValueError(f"unknown data set {name!r}; accepted: {', '.join(NAMES)}, rg:<reasoning-gym name>")
+        raise ValueError(f"unknown data set {name!r}; accepted: {', '.join(NAMES)}, rg:<reasoning-gym name>, "
+                         f"jsonl:PREFIX (your PREFIX_train.jsonl / PREFIX_test.jsonl)")
     hub, rows, seen = HUB[name], [], set()
     for i, raw in enumerate(_read_hub(name, split, data_dir)):
         if limit is not None and len(rows) >= limit:  # stop early: DAPO has 1.8M raw rows
@@ -354,19 +399,8 @@ def _load_rg(name: str, split: str) -> list[dict]:
 # ----------------------------------------------------------------------------- prompts
 
 def _instruction(row: dict) -> str:
-    """The base-model instruction for a row: DAPO's for math, ours for code and rg."""
-    if row["task"] == "math":
-        return DAPO_PREFIX + row["problem"] + DAPO_SUFFIX
-    if row["task"] == "rg":
-        return row["problem"] + RG_SUFFIX
-    if row["task"] == "code":
-        try:
-            fn_name = json.loads(row["ground_truth"]).get("fn_name")
-        except (ValueError, AttributeError):
-            fn_name = None
-        return (CODE_CALL.format(problem=row["problem"], fn_name=fn_name) if fn_name
-                else CODE_STDIN.format(problem=row["problem"]))
-    raise ValueError(f"unknown task {row['task']!r} in row {row.get('id')!r}")
+    """The base-model instruction for a row: its task's (reward.TASKS; DAPO's for math)."""
+    return reward.get_task(row["task"]).instruction(row)
 
 
 def format_prompt(row: dict, template: str, tokenizer=None) -> str:

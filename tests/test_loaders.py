@@ -347,5 +347,5 @@ def test_fewshot_template_refuses_rows_without_enough_shots():
         format_prompt(row, "fewshot:99", tokenizer)
     with pytest.raises(ValueError, match="tokenizer"):
         format_prompt(row, "fewshot")
-    want = f"<|user|>{row['problem']}{loaders.RG_SUFFIX}<|end|><|assistant|>"  # zero-shot: the instruction
+    want = f"<|user|>{row['problem']}{loaders.reward.ANSWER_SUFFIX}<|end|><|assistant|>"  # zero-shot: the instruction
     assert format_prompt(row, "chat", tokenizer) == want
