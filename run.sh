@@ -7,29 +7,62 @@
 #   bash run.sh smollm2 [--flag=value ...]                SmolLM2-135M-Instruct on a reasoning-gym task
 #   bash run.sh sweep [--flag=value ...]                  the comparison with statistics (bench/sweep.py)
 #   DIVERGENCE: tv chi2 kl hellinger js      ESTIMATOR: mc atomic binary   (python train.py -h: all flags)
+#   --task rare (any position; also for sweep): the rare-answer task data/tiny_rare, tiny-rare-math at 32
+#   prompts per iteration (data/prepare.py --variant rare); its runs go to out/<name>-rare-seed<seed>.
+#   Extra flags go to train.py. The run's folder is --out_dir (or OUT=...), by default
+#   out/<name>-seed<seed> (e.g. out/kl-atomic-seed7), with its log beside it (out/kl-atomic-seed7.log).
 #
 # Embedded default (2-core CPU, no GPU, no hub): the committed warm-start model data/tiny/model
-# (data/prepare.py --force rebuilds it), 60 iterations of 64 prompts x 8 completions; 5-7 min
-# on a 2-core Xeon (README "Results"). smollm2: configs/smollm2_cpu.args, about 22 min. Extra flags go to train.py.
+# (data/prepare.py --force rebuilds it), 60 iterations of 64 prompts x 8 completions and two
+# evaluations. Whole command: 274-421 s on a 2-core Intel Xeon (across days), 384 s (about 6 s per
+# iteration) on a 2-core AMD EPYC (README "Results"). smollm2 (configs/smollm2_cpu.args, 40
+# iterations): about 22 min on the Xeon (29.6 s per iteration), 44 min on the EPYC (57 s: it has
+# AVX-512 BF16 but no AMX).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "no $PY: run 'bash setup.sh' first (or set PY=python)"; exit 1; }
-usage() { sed -n '2,13p' "$0"; exit 2; }
+usage() { sed -n '2,20p' "$0"; exit 2; }
 [ $# -ge 1 ] || usage
 [ "$1" = sweep ] && { shift; exec "$PY" bench/sweep.py "$@"; }   # cells x seeds, resumable
 
+# --task NAME / --task=NAME: taken out of the flags; the embedded task's model, data and eval sets
+TASK=default; rest=(); prev=
+for a in "$@"; do
+    if [ "$prev" = --task ]; then TASK=$a; prev=; continue; fi
+    case $a in --task) prev=--task; continue ;; --task=*) TASK=${a#*=}; continue ;; esac
+    rest+=("$a")
+done
+set -- ${rest[@]+"${rest[@]}"}
+case $TASK in
+    default) EVAL=tiny-math,tiny-code; TASK_ARGS=(); SUFFIX=; MODEL_DIR=data/tiny; PREP=() ;;
+    rare) EVAL=tiny-rare-math; SUFFIX=-rare; MODEL_DIR=data/tiny_rare; PREP=(--variant rare)
+          TASK_ARGS=(--model data/tiny_rare/model --data_dir data/tiny_rare --train_data tiny-rare-math
+                     --prompts_per_iter 32) ;;
+    *) echo "unknown --task $TASK: default or rare"; exit 2 ;;
+esac
+[ $# -ge 1 ] || usage
+
 # DIVERGENCE ESTIMATOR, or one name that train.py maps through gppo.METHODS / gppo.BASELINES
 if [ "$1" = smollm2 ]; then
+    [ "$TASK" = default ] || { echo "--task $TASK is a task of the embedded model, not of smollm2"; exit 2; }
     [ -f data/smollm2/model/config.json ] || "$PY" data/smollm2.py       # once: GGUF -> HF folder
     ARGS=(@configs/smollm2_cpu.args); NAME=smollm2; shift
 elif [ $# -ge 2 ] && [[ "$2" != --* ]]; then
-    ARGS=(--divergence "$1" --estimator "$2" --eval_data tiny-math,tiny-code); NAME=$1-$2; shift 2
+    ARGS=(--divergence "$1" --estimator "$2" --eval_data "$EVAL" ${TASK_ARGS[@]+"${TASK_ARGS[@]}"}); NAME=$1-$2; shift 2
 else
-    ARGS=(--method "$1" --eval_data tiny-math,tiny-code); NAME=$1; shift
+    ARGS=(--method "$1" --eval_data "$EVAL" ${TASK_ARGS[@]+"${TASK_ARGS[@]}"}); NAME=$1; shift
 fi
-OUT=${OUT:-out/$NAME}
-[ -f data/tiny/model/config.json ] || "$PY" data/prepare.py            # committed; rebuilt only if deleted
+# the run's folder: the user's --out_dir (the last one, as train.py reads it), else $OUT, else one
+# per cell and seed, so that a second seed never overwrites the first; the closing table reads it
+SEED=0; prev=
+for a in "$@"; do
+    case $prev in --out_dir) OUT=$a ;; --seed) SEED=$a ;; esac
+    case $a in --out_dir=*) OUT=${a#*=} ;; --seed=*) SEED=${a#*=} ;; esac
+    prev=$a
+done
+OUT=${OUT:-out/$NAME$SUFFIX-seed$SEED}; OUT=${OUT%/}
+[ -f $MODEL_DIR/model/config.json ] || "$PY" data/prepare.py ${PREP[@]+"${PREP[@]}"}   # committed; rebuilt only if deleted
 
 # one process per GPU under Accelerate when several are present, else a single process
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l || true)

@@ -74,6 +74,8 @@ def convert(out=OUT, force=False) -> Path:
                                   "pip install gguf==0.19.0  (or: bash setup.sh)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.utils.logging import disable_progress_bar
+    disable_progress_bar()   # transformers' "Loading weights" / "Writing model shards" bars
 
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)

@@ -19,6 +19,25 @@ def test_compare_prints_before_after_and_change(tmp_path):
     assert "{" not in proc.stdout, "the table replaces the raw JSON lines"
 
 
+def test_compare_names_reasoning_gym_sets_readably_and_stays_aligned():
+    from eval import compare_table
+    opts = "min_terms=2&max_terms=2&min_digits=1&max_digits=1&allow_parentheses=False&allow_negation=False"
+    sets = [f"rg:basic_arithmetic?{opts}&size=100", f"rg:basic_arithmetic?{opts}&size=50", "tiny-math"]
+    table = compare_table({"avg@8": {sets[0]: 37.7, sets[1]: 40.0, sets[2]: 5.0, "all": 30.0}},
+                          {"avg@8": {sets[0]: 76.7, sets[1]: 100.0, sets[2]: 50.0, "all": 70.0}})
+    lines = table.splitlines()
+    names = [line.split()[0] for line in lines[1:5]]
+    # the set and a short hash of its options: two configurations of one set stay apart
+    assert names[0].startswith("rg:basic_arithmetic#") and names[1].startswith("rg:basic_arithmetic#")
+    assert names[0] != names[1] and len(names[0]) == len("rg:basic_arithmetic#") + 4
+    assert names[2:] == ["tiny-math", "all"]
+    assert lines[1].split()[1:] == ["37.7", "76.7", "+39.0"]
+    # aligned: every row's last column ends under the header's "change"
+    assert {len(line) for line in lines[1:5]} == {lines[0].index("change") + len("change")}, table
+    # under the table, each shortened name with the full one
+    assert lines[5:] == [f"  {names[0]} = {sets[0]}", f"  {names[1]} = {sets[1]}"]
+
+
 def test_refuses_a_response_budget_at_or_over_the_context(tmp_path):
     proc, _ = run([PY, "eval.py", "--model", str(tmp_path / "none"), "--max_new_tokens", "256",
                    "--max_model_len", "256"], timeout=120)

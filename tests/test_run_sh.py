@@ -1,0 +1,93 @@
+"""What a newcomer runs first: run.sh's run folder and closing table, and what git ignores.
+
+Run: .venv/bin/python -m pytest tests/test_run_sh.py -q   (CPU, no network; about 1 minute, the
+tiny model of conftest.py included)
+
+run.sh forwards its flags to train.py, which takes the last --out_dir it is given; the closing
+table must read the folder train.py wrote. The folder choice is checked on a copy of run.sh whose
+Python is a stub that only records its arguments (no training, nothing written under out/); one
+short real run then checks the whole command with --out_dir.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ENV, ROOT, ok, run
+
+STUB = """#!/bin/sh
+exec {py} -c 'import json, sys; open(sys.argv[1], "a").write(json.dumps(sys.argv[2:]) + "\\n")' {calls} "$@"
+"""
+
+
+@pytest.mark.parametrize("argv,env_out,folder", [
+    (["kl", "atomic"], None, "out/kl-atomic-seed0"),
+    (["kl", "atomic", "--seed", "7"], None, "out/kl-atomic-seed7"),
+    (["kl", "atomic", "--seed=7", "--lr=1e-4"], None, "out/kl-atomic-seed7"),
+    (["grpo", "--seed=3"], None, "out/grpo-seed3"),
+    (["kl", "atomic", "--seed", "7", "--out_dir", "{tmp}/mine"], None, "{tmp}/mine"),
+    (["kl", "atomic", "--out_dir={tmp}/mine/"], None, "{tmp}/mine"),
+    (["kl", "atomic", "--seed=1"], "out/protocol/kl-atomic-s1", "out/protocol/kl-atomic-s1"),  # README's OUT=...
+    (["kl", "atomic", "--out_dir", "{tmp}/mine"], "out/ignored", "{tmp}/mine"),               # the flag wins
+    (["kl", "atomic", "--task", "rare", "--seed=2"], None, "out/kl-atomic-rare-seed2"),      # data/tiny_rare
+    (["grpo", "--task=rare"], None, "out/grpo-rare-seed0"),
+])
+def test_the_closing_table_reads_the_folder_train_py_writes(tmp_path, argv, env_out, folder):
+    import train
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(ROOT / "run.sh", repo / "run.sh")
+    calls, py = tmp_path / "calls.jsonl", tmp_path / "py"
+    py.write_text(STUB.format(py=sys.executable, calls=calls))
+    py.chmod(0o755)
+    argv, folder = [a.replace("{tmp}", str(tmp_path)) for a in argv], folder.replace("{tmp}", str(tmp_path))
+    env = {**ENV, "PY": str(py), **({"OUT": env_out} if env_out else {})}
+    proc = subprocess.run(["bash", str(repo / "run.sh"), *argv], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = {c[0]: c[1:] for c in map(json.loads, calls.read_text().splitlines())}
+    assert train.parse_args(got["train.py"]).out_dir.rstrip("/") == folder   # where train.py writes, its own parser
+    assert got["eval.py"] == ["--compare", f"{folder}/eval_start.json", f"{folder}/eval.json"]
+    assert os.path.isfile(os.path.join(repo, f"{folder}.log"))       # the log beside the folder
+    args = train.parse_args(got["train.py"])
+    rare = "rare" in argv or "--task=rare" in argv                   # taken out, never given to train.py
+    assert "--task" not in " ".join(got["train.py"])
+    assert (args.model, args.train_data, args.eval_data) == (
+        ("data/tiny_rare/model", "tiny-rare-math", "tiny-rare-math") if rare else
+        ("data/tiny/model", "tiny-math,tiny-code", "tiny-math,tiny-code"))
+
+
+def test_run_sh_with_out_dir_trains_there_and_prints_the_table(tiny, tmp_path):
+    out = tmp_path / "runs" / "mine"
+    proc, secs = run(["bash", "run.sh", "kl", "atomic", "--model", str(tiny / "model"), "--data_dir", str(tiny),
+                      "--iters", "1", "--prompts_per_iter", "8", "--prompts_per_update", "8", "--group_size", "2",
+                      "--max_new_tokens", "8", "--eval_k", "1", "--threads", "1", "--seed", "3",
+                      "--out_dir", str(out)], timeout=240)
+    ok(proc)
+    for name in ("eval_start.json", "eval.json", "metrics.jsonl", "final/config.json"):
+        assert (out / name).is_file(), name
+    assert (tmp_path / "runs" / "mine.log").is_file()
+    table = proc.stdout[proc.stdout.index("data set"):].splitlines()
+    assert [line.split()[0] for line in table[1:4]] == ["tiny-math", "tiny-code", "all"], proc.stdout
+    assert f"policy {out}/final" in proc.stdout
+    # no transformers progress bars between the iteration lines (issue 27, item 2)
+    text = proc.stdout + proc.stderr
+    assert "Loading weights" not in text and "Writing model shards" not in text, text[-3000:]
+
+
+def test_gitignore_ignores_a_venv_folder_and_a_venv_symlink(tmp_path):
+    """`.venv/` matches only a directory; a symlink to a shared environment needs `.venv`."""
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    shutil.copy(ROOT / ".gitignore", repo / ".gitignore")
+    (tmp_path / "shared-env").mkdir()
+    os.symlink(tmp_path / "shared-env", repo / ".venv")
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True)  # noqa: E731
+    ok(git("init", "-q"))
+    assert git("check-ignore", "-q", ".venv").returncode == 0, "a .venv symlink is not ignored"
+    (repo / ".venv").unlink()
+    (repo / ".venv").mkdir()
+    (repo / ".venv" / "pyvenv.cfg").write_text("")
+    assert git("check-ignore", "-q", ".venv/pyvenv.cfg").returncode == 0, "a .venv folder is not ignored"
