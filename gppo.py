@@ -40,8 +40,9 @@ BY_MU = ("token_frac_by_mu", "clip_frac_by_mu")
 
 # -----------------------------------------------------------------------------
 # Divergence generators f(r), r = pi/mu, f convex with f(1) = 0 (paper eqs. 14-17). A new divergence
-# is one line here. Rule: it receives float64 r anywhere in (0, 1e38] (binary's complement ratio) and
-# must give a finite value or +inf there, never NaN; tests/test_gppo.py::test_divergence_rule checks it.
+# is one line here. Rule: it receives float64 r anywhere in [0, ~1e45] (binary's complement ratio, for
+# 1 - mu as small as float32's smallest denormal) and must give a finite value or +inf there, never NaN,
+# and 0 at r = 1; tests/test_gppo.py::test_divergence_rule checks it (README "How to add a divergence").
 
 def tv(r):        return (r - 1).abs() / 2                  # eq. 14, total variation
 def chi2(r):      return (r - 1) ** 2                       # eq. 15, Pearson chi^2

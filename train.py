@@ -15,11 +15,13 @@ How one iteration goes, and where it departs from textbook GRPO:
    (`--mu_source recompute`, default: trainer and sampler numerics then agree exactly at the
    first update), or taken from vLLM (`--mu_source vllm`, one forward pass fewer).
 4. `epochs` passes over the batch in mini-batches of `prompts_per_update` prompts, one AdamW step
-   each (P/M x epochs steps; the paper: 128/16 x 1). Each step minimises the loss of gppo.py with
-   the token-mean over the *whole* mini-batch (all micro-batches, all ranks), so micro-batching
-   and the process count never change the update. Every rank runs the same number of
-   forward/backward passes (zero-weight fillers where it kept fewer samples), so DDP/FSDP's
-   collectives always pair up.
+   each (P/M x epochs steps; the paper: 128/16 x 1). Each step minimises the loss of gppo.py
+   aggregated over the *whole* mini-batch (all micro-batches, all ranks), so micro-batching and
+   the process count never change the update. The grid aggregates by token-mean (the paper), a
+   baseline by its authors' default unless --agg says otherwise; --loss_kwargs sets any other
+   keyword of the chosen loss. Every rank runs the same number of forward/backward passes
+   (zero-weight fillers where it kept fewer samples), so DDP/FSDP's collectives always pair up:
+   that bookkeeping lives in micro_batches() and gradient_sync(), beside update().
 5. No KL penalty, no entropy bonus, constant learning rate, gradient clipping (paper settings).
    Two guards the paper does not use are on in the CPU default (README "The embedded default"),
    each for a failure measured there: `--target_kl` skips the iteration's remaining steps once a
@@ -69,9 +71,13 @@ def parser():
     g.add_argument("--delta", type=float, default=None, help="region size; default calibrates mc's lower bound to 0.8")
     g.add_argument("--ratio_bounds", default="0.5,10", help="'low,high' bounds intersected with the region, or 'none'")
     g.add_argument("--dual_clip", default="10", help="no gradient for A<0 tokens with ratio above this, or 'none'")
-    g.add_argument("--agg", default="token-mean", choices=gppo.AGGS, help="loss aggregation")
+    g.add_argument("--agg", default=None, choices=gppo.AGGS,
+                   help="loss aggregation (default: token-mean for the grid, each baseline's own otherwise)")
+    g.add_argument("--loss_kwargs", default="", help="any other keyword of the chosen loss in gppo.py, "
+                   "'k=v,k=v' (e.g. --method gspo --loss_kwargs eps_low=3e-4,eps_high=4e-4)")
     g = p.add_argument_group("rollout")
-    g.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm, or the transformers fallback")
+    g.add_argument("--backend", default="vllm", choices=("vllm", "hf"),
+                   help="vllm (fast), or transformers.generate on the policy's own weights (no vLLM needed)")
     g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts sampled per iteration (all ranks)")
     g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
     g.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
@@ -93,7 +99,10 @@ def parser():
     g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
     g.add_argument("--target_kl", type=float, default=0.05, help="skip the iteration's remaining steps once a "
                    "mini-batch's k3 KL(mu || pi) per token exceeds this; 0 = off (the paper)")
-    g.add_argument("--logp_chunk_mb", type=int, default=256, help="float32 logits per log-softmax chunk, MB")
+    g.add_argument("--logp_chunk_mb", type=int, default=None,
+                   help="float32 logits per log-softmax chunk, MB (default: 1/32 of free GPU memory, 256 on the CPU)")
+    g.add_argument("--head_precision", default=None, choices=("fp32", "tf32", "bf16"),
+                   help="LM head matmul of the log-probs; log-softmax always fp32 (default: tf32 on CUDA, fp32 on CPU)")
     g.add_argument("--mixed_precision", default=None, choices=("no", "bf16", "fp16"),
                    help="autocast of the policy's forward/backward (default: accelerate's config, else no)")
     g = p.add_argument_group("options of mature trainers (the paper uses none; the CPU default uses --overlong punish)")
@@ -139,9 +148,11 @@ def parse_args(argv=None):
         raise ValueError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
 
     for flag in ("prompts_per_iter", "prompts_per_update", "max_new_tokens", "iters", "epochs",
-                 "micro_batch_size", "logp_chunk_mb", "keep_last", "overlong_buffer", "sync_bucket_mb"):
+                 "micro_batch_size", "keep_last", "overlong_buffer", "sync_bucket_mb"):
         if getattr(args, flag) < 1:
             bad(flag, "an integer >= 1")
+    if args.logp_chunk_mb is not None and args.logp_chunk_mb < 1:
+        bad("logp_chunk_mb", "an integer >= 1, or unset (sized from free GPU memory)")
     if args.group_size < 2:
         bad("group_size", "2 or more (group-relative advantages need a group)")
     if args.prompts_per_iter % args.prompts_per_update:
@@ -160,6 +171,7 @@ def parse_args(argv=None):
         bad("kl_coef" if args.kl_coef < 0 else "target_kl", "a number >= 0")
     args.ratio_bounds = None if args.ratio_bounds == "none" else tuple(float(x) for x in args.ratio_bounds.split(","))
     args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
+    args.agg, args.loss_kwargs = loss_settings(args)
     if args.objective == "gppo":   # fails fast on a bad delta or bounds
         gppo.check_config(args.divergence, args.estimator, args.delta, args.ratio_bounds, args.dual_clip, args.agg)
     args.cell = f"{args.divergence}-{args.estimator}" if args.objective == "gppo" else args.objective
@@ -167,24 +179,65 @@ def parse_args(argv=None):
     return args
 
 
+def loss_settings(args):
+    """(agg, loss_kwargs) of the chosen loss: --agg or the loss's own default aggregation (a baseline
+    trains as its authors define it), and --loss_kwargs parsed and checked against the loss's
+    signature, then tried once on a tiny batch so a bad value fails here, not mid-run."""
+    import ast, inspect, re
+    fn = gppo.gppo_loss if args.objective == "gppo" else gppo.BASELINES[args.objective]
+    params = inspect.signature(fn).parameters
+    agg = args.agg or params["agg"].default
+    flagged = {"delta": "--delta", "ratio_bounds": "--ratio_bounds", "dual_clip": "--dual_clip", "agg": "--agg"}
+    fixed = {"logp", "old_logp", "advantages", "mask", "divergence", "estimator", "global_count", "generator",
+             "detach"} | (set(flagged) if args.objective == "gppo" else {"agg"})
+    settable = [k for k in params if k not in fixed]
+    kwargs = {}
+    for item in filter(None, re.split(r",(?=\s*\w+\s*=)", args.loss_kwargs)):   # commas inside a tuple stay
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or key not in settable:
+            hint = f" (it has its own flag, {flagged[key]})" if key in flagged else ""
+            raise ValueError(f"--loss_kwargs: {item!r}{hint}; accepted keys of {fn.__name__}: "
+                             f"{', '.join(settable) or 'none'}, as key=value")
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--loss_kwargs: {key}={value!r} is not a Python literal (number, None, tuple)") from None
+    try:   # a bad value (a negative delta, an eps of the wrong type) raises here
+        one = torch.zeros(1, 2)
+        kw = {"divergence": args.divergence, "estimator": args.estimator} if args.objective == "gppo" else {}
+        fn(one, one, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), agg=agg, **kw, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--loss_kwargs={args.loss_kwargs!r} for {fn.__name__}: {e}") from None
+    return agg, kwargs
+
+
 # ----------------------------------------------------------------------------------------------
 # log-probs and entropy from the last hidden states, in chunks (choice 6)
 
-def _chunk_logp_entropy(hidden, head, targets):
-    with torch.autocast(hidden.device.type, enabled=False):              # the head in float32, even under bf16
-        logits = hidden.float() @ head.float().t()                        # (n, V)
+def _chunk_logp_entropy(hidden, head, targets, precision=None):
+    """The LM head and log-softmax of one chunk. precision (--head_precision): bf16 multiplies bf16
+    inputs (float32 accumulate); fp32 and tf32 multiply float32 inputs, on TF32 tensor cores when
+    setup() allowed them for the run (tf32 on CUDA). The log-softmax is float32 whatever the choice
+    (README "Head precision")."""
+    with torch.autocast(hidden.device.type, enabled=False):              # the head as chosen, even under bf16
+        if precision == "bf16":
+            logits = (hidden.bfloat16() @ head.bfloat16().t()).float()    # (n, V)
+        else:
+            logits = hidden.float() @ head.float().t()
         logp_all = logits.log_softmax(-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)    # (n,)
         entropy = -(logp_all.exp() * logp_all).sum(-1)                   # (n,)
     return logp, entropy.detach()
 
 
-def token_logprobs(model, ids, attn, resp_mask, chunk_mb=256):
+def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=None):
     """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2.
 
     The forward goes through the (DDP/FSDP-)wrapped model, so its gradient hooks run, but asks for
     the logits of one position only; the decoder's output (the normed last hidden states) is taken
-    with a forward hook, and the logits of the response tokens are made here chunk by chunk."""
+    with a forward hook, and the logits of the response tokens are made here chunk by chunk.
+    chunk_mb: MB of float32 logits per chunk; None: 1/32 of the GPU's free memory on CUDA (at least
+    256), 256 on the CPU. head_precision: see _chunk_logp_entropy."""
     from accelerate.utils import extract_model_from_parallel
     inner, seen = extract_model_from_parallel(model), {}
     hook = inner.get_decoder().register_forward_hook(lambda m, i, out: seen.update(h=out[0]))
@@ -196,10 +249,12 @@ def token_logprobs(model, ids, attn, resp_mask, chunk_mb=256):
     head = head.full_tensor() if hasattr(head, "full_tensor") else head    # FSDP2 shard -> whole (differentiable)
     targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                   # position t predicts t+1
     h, y = seen["h"][:, :-1][where], targets[where]                         # (N, H), (N,)
+    if chunk_mb is None:   # on GPUs larger chunks run the head at matmul speed (README "Head precision")
+        chunk_mb = max(256, (torch.cuda.mem_get_info(ids.device)[0] >> 20) // 32) if ids.is_cuda else 256
     rows = max(1, (chunk_mb << 20) // (4 * head.shape[0]))                # tokens per chunk of fp32 logits
-    fn = _chunk_logp_entropy
-    parts = [checkpoint(fn, h[s:s + rows], head, y[s:s + rows], use_reentrant=False) if torch.is_grad_enabled()
-             else fn(h[s:s + rows], head, y[s:s + rows]) for s in range(0, len(y), rows)]
+    fn, hp = _chunk_logp_entropy, head_precision
+    parts = [checkpoint(fn, h[s:s + rows], head, y[s:s + rows], hp, use_reentrant=False) if torch.is_grad_enabled()
+             else fn(h[s:s + rows], head, y[s:s + rows], hp) for s in range(0, len(y), rows)]
     logp = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)
     ent = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)
     if parts:
@@ -228,6 +283,17 @@ def collate(batch, idx, pad_id, device, per_token=()):
 # ----------------------------------------------------------------------------------------------
 # rewards and advantages
 
+def advantages(args, rewards, batch):
+    """Phase 2 after scoring: (shaped rewards, advantages, kept samples), each (P*G,). Shaped: the
+    reward less DAPO's overlong penalty under --overlong punish; advantages: GRPO's group-relative
+    (R - mean_group) / (std_group + 1e-6) of the shaped rewards."""
+    shaped = rewards
+    if args.overlong == "punish":
+        shaped = rewards - torch.tensor(reward.overlong_penalty(
+            [len(c) for c in batch.completion_ids], args.max_new_tokens, args.overlong_buffer))
+    return shaped, gppo.group_advantages(shaped, args.group_size), kept_samples(args, shaped, batch)
+
+
 def kept_samples(args, shaped, batch):
     """Samples that take part in the updates: --drop_uniform_groups removes whole groups whose
     rewards are all equal (zero advantage, DAPO's dynamic sampling); --overlong mask removes
@@ -254,112 +320,154 @@ def minibatches(args, it, world):
     return batches, lambda rank: sorted(p for b in batches for p in b[rank * share:(rank + 1) * share])
 
 
+def minibatch_order(args, it, epoch, n):
+    """The first epoch takes the n mini-batches in order; later epochs reshuffle them (seeded)."""
+    return list(range(n)) if epoch == 0 else random.Random(args.seed * 7919 + it * 131 + epoch).sample(range(n), n)
+
+
 def policy_loss(args, lp, old_lp, adv, mask, count, **extra):
+    """The chosen objective of gppo.py with its flags and --loss_kwargs."""
     if args.objective == "gppo":
         return gppo.gppo_loss(lp, old_lp, adv, mask, args.divergence, args.estimator, delta=args.delta,
                               ratio_bounds=args.ratio_bounds, dual_clip=args.dual_clip, agg=args.agg,
-                              global_count=count)
-    return gppo.BASELINES[args.objective](lp, old_lp, adv, mask, agg=args.agg, global_count=count, **extra)
+                              global_count=count, **args.loss_kwargs)
+    return gppo.BASELINES[args.objective](lp, old_lp, adv, mask, agg=args.agg, global_count=count,
+                                          **args.loss_kwargs, **extra)
+
+
+# -- the multi-process bookkeeping of update(), fenced here (choice 4) --
+
+def micro_batches(args, acc, batch, samples):
+    """This rank's samples of one mini-batch as micro-batches, padded with None (a zero-weight filler
+    pass) up to the most micro-batches any rank has, so every rank runs the same forward/backward
+    passes and DDP/FSDP's collectives pair up; and the loss denominator of the whole mini-batch over
+    all ranks (tokens for token-mean, sequences otherwise). One collective for both."""
+    chunks = [samples[s:s + args.micro_batch_size] for s in range(0, len(samples), args.micro_batch_size)]
+    tokens = [len(batch.completion_ids[i]) for i in samples]
+    local_count = sum(tokens) if args.agg == "token-mean" else sum(t > 0 for t in tokens)
+    sizes = acc.gather(torch.tensor([[float(local_count), float(len(chunks))]], device=acc.device))
+    n_passes = int(sizes[:, 1].max().item())
+    return chunks + [None] * (n_passes - len(chunks)), sizes[:, 0].sum().item()
+
+
+def gradient_sync(acc, model, last):
+    """DDP all-reduces gradients at every backward unless told not to: only at the step's last pass."""
+    ddp = acc.distributed_type.name in ("MULTI_CPU", "MULTI_GPU")
+    return acc.no_sync(model) if ddp and not last else nullcontext()
+
+
+def reference_kl(args, ref_model, ids, attn, resp, lp, mask, count):
+    """--kl_coef: the k3 estimate of KL(pi || ref) per token, aggregated like the policy loss; returns
+    (penalty to add to the loss, summed KL over the tokens for the log)."""
+    with torch.no_grad():
+        ref_lp, _ = token_logprobs(ref_model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
+    d = ref_lp - lp
+    kl = d.exp() - d - 1
+    return args.kl_coef * gppo.aggregate(kl, mask.bool(), args.agg, count), (kl.detach() * mask).sum().item()
+
+
+class UpdateLog:
+    """What update() measures, as token-weighted sums over its passes (log_row turns them into means)."""
+
+    def __init__(self):
+        self.sums = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}
+        self.tok_b, self.clip_b = [0.0] * 4, [0.0] * 4   # tokens and clipped tokens per mu bucket
+        self.norms, self.kls = [], []                     # per step: gradient norm, KL(mu || pi) before it
+        self.gap = [0.0, 0]                               # |trainer - vLLM| log-prob sum and count (mu_source vllm)
+        self.step = [0.0, 0.0]                            # this step's k3 KL sum and token count
+
+    def add(self, st, lp, old_lp, ent, mask, kl_ref=0.0):
+        w = mask.sum().item()
+        for k in gppo.STATS:
+            self.sums[k] = max(self.sums[k], st[k]) if k == "ratio_max" else self.sums[k] + st[k] * w
+        for b in range(4):
+            self.tok_b[b] += st["token_frac_by_mu"][b] * w
+            self.clip_b[b] += st["clip_frac_by_mu"][b] * st["token_frac_by_mu"][b] * w
+        self.sums["entropy"] += (ent * mask).sum().item()
+        self.sums["kl_ref"] += kl_ref
+        self.sums["n_tok"] += w
+        self.step = [self.step[0] + st["kl_k3"] * w, self.step[1] + w]
+        if not self.norms:      # no step taken yet: pi is still the sampler's weights
+            self.gap = [self.gap[0] + ((lp - old_lp).abs() * mask).sum().item(), self.gap[1] + w]
+
+    def step_kl(self, acc):
+        """The mini-batch's KL(mu || pi) per token over all ranks (what --target_kl compares)."""
+        s = acc.reduce(torch.tensor(self.step, dtype=torch.float64, device=acc.device), "sum")
+        self.step = [0.0, 0.0]
+        self.kls.append((s[0] / s[1].clamp(min=1)).item())
+        return self.kls[-1]
 
 
 def update(args, acc, model, opt, ref_model, batch, old, tis, adv, keep, batches, local, it, pad_id):
-    """`epochs` passes over the mini-batches, one AdamW step each. Returns the token-weighted
-    sums of the loss stats (ratio_max a max), the by-mu token and clipped counts, the grad norms,
-    the mini-batches' KL, and (mu_source vllm) the trainer-vLLM log-prob gap before the first step."""
-    G, dev, world = args.group_size, acc.device, acc.num_processes
+    """`epochs` passes over the mini-batches, one AdamW step each (choices 4-5). Returns an UpdateLog."""
+    G, dev = args.group_size, acc.device
     where = {pos: k for k, pos in enumerate(local)}            # prompt position -> index in this rank's batch
-    share = args.prompts_per_update // world
-    sums, tok_b, clip_b, norms, kls = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}, \
-        [0.0] * 4, [0.0] * 4, [], []
-    gap = [0.0, 0]
-    ddp = acc.distributed_type.name in ("MULTI_CPU", "MULTI_GPU")   # no_sync: one all-reduce per step
+    share = args.prompts_per_update // acc.num_processes
+    log = UpdateLog()
     for epoch in range(args.epochs):
-        order = list(range(len(batches))) if epoch == 0 else \
-            random.Random(args.seed * 7919 + it * 131 + epoch).sample(range(len(batches)), len(batches))
-        for u in order:
+        for u in minibatch_order(args, it, epoch, len(batches)):
             mine = [where[p] for p in batches[u][acc.process_index * share:(acc.process_index + 1) * share]]
             samples = [q * G + j for q in mine for j in range(G) if keep[q * G + j]]
-            chunks = [samples[s:s + args.micro_batch_size] for s in range(0, len(samples), args.micro_batch_size)]
-            tokens = [len(batch.completion_ids[i]) for i in samples]
-            local_count = sum(tokens) if args.agg == "token-mean" else sum(t > 0 for t in tokens)
-            # one collective: the mini-batch's denominator over all ranks and the most micro-batches any has
-            sizes = acc.gather(torch.tensor([[float(local_count), float(len(chunks))]], device=dev))
-            count, n_chunks = sizes[:, 0].sum().item(), int(sizes[:, 1].max().item())
+            passes, count = micro_batches(args, acc, batch, samples)
             if count == 0:          # every sample of this mini-batch dropped, on every rank
                 continue
-            detach = clip_cov_selection(args, acc, model, batch, chunks, n_chunks, old, adv,
-                                        args.seed * 1_000_003 + it * 1009 + u, pad_id) \
-                if args.objective == "clip_cov" else None
-            step_kl = torch.zeros(2, dtype=torch.float64, device=dev)
-            for c in range(n_chunks):
-                filler = c >= len(chunks)       # this rank kept fewer samples: a zero-weight pass (choice 4)
-                idx = [0] if filler else chunks[c]
-                ids, attn, resp, old_lp, w_tis = collate(batch, idx, pad_id, dev, (old, tis))
-                sync = acc.no_sync(model) if ddp and c < n_chunks - 1 else nullcontext()
-                with sync:
-                    lp, ent = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb)
-                    m = resp[:, 1:].float() * (0.0 if filler else 1.0)
-                    a = adv[idx].to(dev)
-                    if args.tis_cap:    # a positive per-token weight on A is exactly TIS's weight on the loss
-                        a = a[:, None] * w_tis
-                    extra = {"detach": detach[c]} if detach is not None and not filler else {}
-                    # DDP averages gradients over ranks, so scale by world to keep the global mean
-                    loss, st = policy_loss(args, lp, old_lp, a, m, count / world, **extra)
-                    if ref_model is not None:   # k3 to the reference, aggregated like the policy loss
-                        with torch.no_grad():
-                            ref_lp, _ = token_logprobs(ref_model, ids, attn, resp, args.logp_chunk_mb)
-                        d = ref_lp - lp
-                        kl = d.exp() - d - 1
-                        loss = loss + args.kl_coef * gppo.aggregate(kl, m.bool(), args.agg, count / world)
-                        sums["kl_ref"] += (kl.detach() * m).sum().item()
+            detach = clip_cov_selection(args, acc, model, batch, passes, old, adv, it, u, pad_id) \
+                if args.objective == "clip_cov" else [None] * len(passes)
+            for c, idx in enumerate(passes):
+                ids, attn, resp, old_lp, w_tis = collate(batch, idx or [0], pad_id, dev, (old, tis))
+                mask = resp[:, 1:].float() * (idx is not None)  # a filler pass has zero weight
+                a = adv[idx or [0]].to(dev)
+                if args.tis_cap:    # truncated IS: a positive per-token weight on A is TIS's weight on the loss
+                    a = a[:, None] * w_tis
+                with gradient_sync(acc, model, last=c == len(passes) - 1):
+                    lp, ent = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
+                    # DDP averages gradients over ranks: count / world keeps the whole mini-batch's mean
+                    loss, st = policy_loss(args, lp, old_lp, a, mask, count / acc.num_processes,
+                                           **({} if detach[c] is None else {"detach": detach[c]}))
+                    kl_ref = 0.0
+                    if ref_model is not None:
+                        penalty, kl_ref = reference_kl(args, ref_model, ids, attn, resp, lp, mask,
+                                                       count / acc.num_processes)
+                        loss = loss + penalty
                     acc.backward(loss)
-                if filler:
-                    continue
-                if args.mu_source == "vllm" and not norms:   # no step yet: pi is still the sampler's weights
-                    gap[0] += ((lp - old_lp).abs() * m).sum().item()
-                    gap[1] += m.sum().item()
-                w = m.sum().item()
-                for k in gppo.STATS:
-                    sums[k] = max(sums[k], st[k]) if k == "ratio_max" else sums[k] + st[k] * w
-                for b in range(4):
-                    tok_b[b] += st["token_frac_by_mu"][b] * w
-                    clip_b[b] += st["clip_frac_by_mu"][b] * st["token_frac_by_mu"][b] * w
-                sums["entropy"] += (ent * m).sum().item()
-                sums["n_tok"] += w
-                step_kl += torch.tensor([st["kl_k3"] * w, w], dtype=torch.float64, device=dev)
-            step_kl = acc.reduce(step_kl, "sum")
-            kls.append((step_kl[0] / step_kl[1].clamp(min=1)).item())
-            if args.target_kl and kls[-1] > args.target_kl:   # choice 5: drifted too far, stop here
+                if idx is not None:
+                    log.add(st, lp.detach(), old_lp, ent, mask, kl_ref)
+            kl = log.step_kl(acc)
+            if args.target_kl and kl > args.target_kl:   # choice 5: drifted too far, skip the rest
                 opt.zero_grad(set_to_none=True)
-                return sums, tok_b, clip_b, norms, kls, gap
-            norms.append(float(acc.clip_grad_norm_(model.parameters(), args.grad_clip)))
+                return log
+            log.norms.append(float(acc.clip_grad_norm_(model.parameters(), args.grad_clip)))
             opt.step()
             opt.zero_grad(set_to_none=True)
-    return sums, tok_b, clip_b, norms, kls, gap
+    return log
 
 
-def clip_cov_selection(args, acc, model, batch, chunks, n_chunks, old, adv, seed, pad_id):
+def clip_cov_selection(args, acc, model, batch, passes, old, adv, it, u, pad_id):
     """Clip-Cov's covariance rule over the whole mini-batch (all micro-batches and ranks), so that
     micro-batching does not change it: a no-grad pass gives the centre (mean log-prob and advantage)
     and the candidates (gppo.clip_cov_candidates); k = max(1, clip_ratio x N) of all candidates are
-    drawn by a generator seeded alike on every rank. Returns a (B, T-1) bool per micro-batch."""
+    drawn by a generator seeded alike on every rank. Returns a (B, T-1) bool per pass."""
     import inspect
-    ratio = inspect.signature(gppo.clip_cov_loss).parameters["clip_ratio"].default
-    parts = []                                     # per micro-batch: log-prob, mu, advantage, valid
+    defaults = {k: p.default for k, p in inspect.signature(gppo.clip_cov_loss).parameters.items()}
+    kw = {k: args.loss_kwargs.get(k, defaults[k]) for k in ("eps", "cov_low", "cov_high", "clip_ratio")}
+    parts = []                                     # per pass: log-prob, mu, advantage, valid
     with torch.no_grad():
-        for c in range(n_chunks):                  # as many forwards as the training pass: collectives pair up
-            idx = chunks[c] if c < len(chunks) else [0]
-            ids, attn, resp, old_lp = collate(batch, idx, pad_id, acc.device, (old,))
-            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb)
-            parts.append((lp, old_lp, adv[idx].to(lp.device)[:, None].expand_as(lp), resp[:, 1:].bool() & (c < len(chunks))))
+        for idx in passes:                         # as many forwards as the training pass: collectives pair up
+            ids, attn, resp, old_lp = collate(batch, idx or [0], pad_id, acc.device, (old,))
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
+            a = adv[idx or [0]].to(lp.device)[:, None].expand_as(lp)
+            parts.append((lp, old_lp, a, resp[:, 1:].bool() & (idx is not None)))
     tot = sum(torch.stack([torch.where(m, lp, 0).sum(), torch.where(m, a, 0).sum(), m.sum()]).double()
               for lp, _, a, m in parts)
     s_lp, s_a, n = acc.reduce(tot, "sum").tolist()
-    cands = [gppo.clip_cov_candidates(lp, o, a, m, (s_lp / max(n, 1), s_a / max(n, 1))) & m for lp, o, a, m in parts]
+    center = (s_lp / max(n, 1), s_a / max(n, 1))
+    cands = [gppo.clip_cov_candidates(lp, o, a, m, center, kw["eps"], kw["cov_low"], kw["cov_high"]) & m
+             for lp, o, a, m in parts]
     flat = torch.cat([c.flatten() for c in cands]).cpu()                 # this rank's candidates, in order
     counts = acc.gather(flat.sum().view(1).to(acc.device)).tolist()      # every rank's number of them
     drawn = torch.zeros(sum(counts), dtype=torch.bool)
-    k = min(max(1, int(ratio * n)), sum(counts))
+    k = min(max(1, int(kw["clip_ratio"] * n)), sum(counts))
+    seed = args.seed * 1_000_003 + it * 1009 + u
     drawn[torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed))[:k]] = True
     rank = acc.process_index
     detach = torch.zeros_like(flat)
@@ -373,7 +481,7 @@ def clip_cov_selection(args, acc, model, batch, chunks, n_chunks, old, adv, seed
 def log_row(args, acc, it, batch, rows, rewards, shaped, keep, gap, upd, sources, times):
     """The iteration's metrics row (README "What each metric means"): every rank's sums, named, in
     one gather (ratio_max: the largest of any rank)."""
-    stats, tok_b, clip_b, norms, kls = upd
+    stats, tok_b, clip_b, norms, kls = upd.sums, upd.tok_b, upd.clip_b, upd.norms, upd.kls
     groups, sg, src = rewards.view(-1, args.group_size), shaped.view(-1, args.group_size), \
         [rows[i // args.group_size]["source"] for i in range(len(rewards))]
     local = {"n": len(rewards), "reward": rewards.sum(), "reward2": (rewards ** 2).sum(),
@@ -493,7 +601,7 @@ def behaviour_logprobs(args, model, batch, pad_id, device):
         for s in range(0, n, args.micro_batch_size):
             idx = list(range(s, min(s + args.micro_batch_size, n)))
             ids, attn, resp, vllm_lp = collate(batch, idx, pad_id, device, (batch.logprobs,))
-            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb)
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
             m = resp[:, 1:].bool()
             gap[0] += (lp - vllm_lp).abs()[m].sum().item()
             gap[1] += m.sum().item()
@@ -511,10 +619,18 @@ def setup(args):
     from types import SimpleNamespace
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.logging import disable_progress_bar
+    disable_progress_bar()   # transformers' "Loading weights" / "Writing model shards" bars, at every load and save
     from data.loaders import PromptSampler
     from eval import load_rows
     from rollout import make_engine
     acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=args.mixed_precision)
+    if torch.cuda.is_available():
+        # --head_precision tf32 (the CUDA default): float32 matmuls run on TF32 tensor cores for the
+        # whole run. Under bf16 autocast (the GPU presets) the LM head of the log-probs is the only
+        # float32 matmul, so it is the one this speeds up; fp32 keeps IEEE float32 everywhere.
+        args.head_precision = args.head_precision or "tf32"
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if args.head_precision == "tf32" else "ieee"
     rank, world = acc.process_index, acc.num_processes
     if args.tensor_parallel_size > 1 and world > 1:   # each rank samples its own prompts with its own engine
         raise ValueError(f"--tensor_parallel_size={args.tensor_parallel_size}; accepted: 1 when {world} "
@@ -543,7 +659,7 @@ def setup(args):
         ref_model = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=torch.float32)
         ref_model = acc.prepare_model(ref_model.eval().requires_grad_(False), evaluation_mode=True)
     longest = max(len(r["prompt_ids"]) for r in rows + eval_rows)
-    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len, seed=args.seed + rank,
+    engine = make_engine(args.model, backend=args.backend, policy=model, max_model_len=args.max_model_len, seed=args.seed + rank,
                          dtype=args.vllm_dtype, kv_cache_sequences=args.prompts_per_iter // world * args.group_size,
                          kv_cache_tokens=longest + args.max_new_tokens,
                          gpu_memory_utilization=args.gpu_memory_utilization,
@@ -612,9 +728,7 @@ def main(argv=None):
         old, tis, gap = behaviour_logprobs(args, run.model, batch, run.pad_id, acc.device)
         times["time_logp_s"], t = time.time() - t, time.time()
         rewards = torch.tensor(scoring.result())         # time_reward_s: the wait beyond the log-probs
-        shaped = rewards if args.overlong != "punish" else rewards - torch.tensor(reward.overlong_penalty(
-            [len(c) for c in batch.completion_ids], args.max_new_tokens, args.overlong_buffer))
-        adv, keep = gppo.group_advantages(shaped, G), kept_samples(args, shaped, batch)
+        shaped, adv, keep = advantages(args, rewards, batch)
         times["time_reward_s"], t = time.time() - t, time.time()
         # -- 4. the updates --
         upd = update(args, acc, run.model, run.opt, run.ref_model, batch, old, tis, adv, keep, batches, local, it,
@@ -624,8 +738,8 @@ def main(argv=None):
         run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))
         times["time_sync_s"], times["time_iter_s"] = time.time() - t, time.time() - t0
 
-        row = log_row(args, acc, it, batch, take, rewards, shaped, keep, upd[5] if args.mu_source == "vllm" else gap,
-                      upd[:5], run.sources, times)
+        row = log_row(args, acc, it, batch, take, rewards, shaped, keep, upd.gap if args.mu_source == "vllm" else gap,
+                      upd, run.sources, times)
         history.append(row)
         metrics_file.write(json.dumps(row) + "\n"); metrics_file.flush()
         if args.wandb and acc.is_main_process:
@@ -633,7 +747,7 @@ def main(argv=None):
         log(f"iter {it}/{args.iters} | reward {row['reward_mean']:.3f} | solve {row['solve_rate']:.2f} | "
             f"clip {row['clip_frac']:.3f} | ent {row['entropy']:.3f} | len {row['response_len']:.1f} | "
             f"kl {row['kl_k3']:.4f} | gn {row['grad_norm']:.2f} | {row['time_iter_s']:.1f}s")
-        if args.sample_every and it % args.sample_every == 0:
+        if args.sample_every and (it % args.sample_every == 0 or it == args.iters):
             for i in range(0, min(len(batch.texts), 3 * G), G):
                 log(f"  [{rewards[i]:.0f}] {take[i // G]['problem'].strip()!r} -> {batch.texts[i]!r}")
         # stop requests are agreed on by all ranks, so every rank checkpoints together

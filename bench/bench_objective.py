@@ -4,6 +4,7 @@ Cost of the objective: gppo.gppo_loss forward + backward per cell against a plai
     python bench/bench_objective.py                          # 1024 x 1024 = 1M tokens, 12 cells + js + baselines
     python bench/bench_objective.py --threads 1 --reps 5     # what the last README figures used
     python bench/bench_objective.py --shape 4096x256 --reps 9 --threads 2
+    python bench/bench_objective.py --device cuda --shape 512x512      # 262K tokens on a GPU (bench/gpu_check.sh)
 
 What it measures: seconds for loss(logp, old_logp, adv, mask) plus loss.backward() into logp, on
 (B, T) float32 tensors, for each {tv, chi2, kl, hellinger} x {mc, atomic, binary} cell at its default
@@ -34,6 +35,7 @@ p.add_argument("--warmup", type=int, default=2, help="untimed passes per row fir
 p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
 p.add_argument("--eps", type=float, default=0.2, help="plain PPO clip epsilon")
 p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+p.add_argument("--device", default="cpu", help="where the tensors live: cpu, or cuda (timed with a synchronize)")
 p.add_argument("--out", default="", help="also write the JSON result here")
 args = p.parse_args()
 if args.threads:
@@ -56,14 +58,16 @@ def inputs():
     adv = torch.randint(-1, 2, (B,), generator=g).float()                               # (B,)
     lens = torch.randint(T // 4, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None] < lens[:, None]).float()                              # (B, T)
-    return logp, old, adv, mask
+    return [t.to(args.device) for t in (logp, old, adv, mask)]
 
 
 def once(fn, logp, old, adv, mask):
     x = logp.detach().requires_grad_()
-    t = time.perf_counter()
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync(); t = time.perf_counter()
     loss, _ = fn(x, old, adv, mask)
     loss.backward()
+    sync()
     return time.perf_counter() - t
 
 
@@ -74,7 +78,7 @@ def main():
     rows += [(f"js-{e}", (lambda e: lambda *a: gppo.gppo_loss(*a, "js", e))(e)) for e in ("mc", "atomic", "binary")]
     rows += [(name, fn) for name, fn in gppo.BASELINES.items()]
     config = dict(shape=f"{B}x{T}", tokens=B * T, valid_tokens=int(mask.sum()), reps=args.reps, warmup=args.warmup,
-                  threads=torch.get_num_threads(), torch=torch.__version__, dtype="float32",
+                  threads=torch.get_num_threads(), torch=torch.__version__, dtype="float32", device=args.device,
                   cores=len(os.sched_getaffinity(0)), load_avg_start=os.getloadavg()[0])
     print("config:", json.dumps(config), flush=True)
     print(f"\n{'row':<18}{'ms':>9}{'PPO ms':>9}{'ratio':>8}  clip_frac")

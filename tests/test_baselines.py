@@ -321,3 +321,21 @@ def test_dgpo_continuous_at_the_clip_boundary(adv, bound, far):
 def test_dgpo_rejects_bad_exponents():
     with pytest.raises(ValueError, match="m=0"):
         gppo.dgpo_loss(*random_batch(0), m=0)
+
+
+@pytest.mark.parametrize("name", ["dgpo", "gspo"])
+def test_asymmetric_clip_per_side(name):
+    """eps_low and eps_high each bound their own side: with eps_low = 0.1, eps_high = 0.5, a ratio of 1.3
+    pushed up is inside and 0.85 pushed down is outside (swapping the two would reverse both). One token
+    per sequence, so GSPO's sequence ratio is the token's."""
+    r = torch.tensor([[1.3], [0.85], [1.6], [0.95]])
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    old = torch.full_like(r, math.log(0.3))
+    logp, mask = (old + r.log()).requires_grad_(True), torch.ones_like(r, dtype=torch.bool)
+    _, stats = gppo.BASELINES[name](logp, old, adv, mask, eps_low=0.1, eps_high=0.5)
+    # clipped: 0.85 < 1 - 0.1 (lower side) and 1.6 > 1 + 0.5 (upper side); 1.3 and 0.95 are inside
+    assert stats["clip_frac_lower"] == pytest.approx(1 / 4) and stats["clip_frac_upper"] == pytest.approx(1 / 4)
+    if name == "gspo":   # GSPO clips whole sequences: no gradient there
+        loss, _ = gppo.gspo_loss(logp, old, adv, mask, eps_low=0.1, eps_high=0.5)
+        loss.backward()
+        assert (logp.grad[:, 0] != 0).tolist() == [True, False, False, True]

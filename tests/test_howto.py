@@ -1,0 +1,74 @@
+"""The README's how-tos, done as a reader would: add a divergence (Neyman chi^2) and a baseline (clipped-IS
+REINFORCE) with the code the README shows, and check that they reach every place that reads the registries
+(default_delta, all three estimators, proximal_bounds, train.py's flags and loss). The third how-to, a task
+from a JSONL file, is tests/test_tasks.py::test_howto_word_reversal_from_jsonl."""
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import gppo  # noqa: E402
+import train  # noqa: E402
+from gppo import _prepare, _stats, aggregate  # noqa: E402  (what the how-to's baseline imports)
+
+
+# -- README "Add a divergence": one line --
+def neyman(r):
+    return (r - 1) ** 2 / r
+
+
+# -- README "Add a baseline": clipped-IS REINFORCE, -sg(min(r, cap)) A log pi per token --
+def cis_reinforce_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None, cap=2.0):
+    valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
+    r = log_r.detach().exp()
+    w = r.clamp(max=cap)
+    loss = aggregate(-w * adv * lp, valid, agg, global_count)
+    return loss, _stats(valid, log_r, old, clip_frac=w < r)
+
+
+def batch(seed, B=8, T=16):
+    g = torch.Generator().manual_seed(seed)
+    old = torch.empty(B, T).uniform_(math.log(1e-3), 0, generator=g)
+    logp = (old + torch.randn(B, T, generator=g)).clamp(max=0)
+    return logp, old, torch.randn(B, generator=g), torch.rand(B, T, generator=g) < 0.8
+
+
+def test_add_a_divergence(monkeypatch):
+    monkeypatch.setitem(gppo.DIVERGENCES, "neyman", neyman)
+    # calibrated like the others: the mc region's lower bound is 0.8
+    delta = gppo.default_delta("neyman")
+    assert delta == pytest.approx(0.2 ** 2 / 0.8)
+    logp, old, adv, mask = batch(0)
+    for est in gppo.ESTIMATORS:
+        # the mask the loss uses agrees with the region's bounds (bisected for binary)
+        low, high = gppo.proximal_bounds(old, "neyman", est, ratio_bounds=None)
+        p = logp.clone().requires_grad_(True)
+        loss, stats = gppo.gppo_loss(p, old, adv, mask, "neyman", est, ratio_bounds=None, dual_clip=None)
+        loss.backward()
+        r, A = (logp - old).exp().double(), adv[:, None]
+        outside = ((r > high * (1 + 1e-6)) & (A > 0)) | ((r < low * (1 - 1e-6)) & (A < 0))
+        inside = ((r < high * (1 - 1e-6)) | (A < 0)) & ((r > low * (1 + 1e-6)) | (A > 0))
+        assert torch.isfinite(p.grad).all() and stats["clip_frac"] > 0
+        assert (p.grad[mask & outside] == 0).all() and (p.grad[mask & inside & (A != 0)] != 0).all()
+    # train.py offers it (argparse reads DIVERGENCES when the parser is built)
+    assert train.parse_args(["--divergence", "neyman", "--estimator", "binary"]).cell == "neyman-binary"
+
+
+def test_add_a_baseline(monkeypatch):
+    monkeypatch.setitem(gppo.BASELINES, "cis_reinforce", cis_reinforce_loss)
+    args = train.parse_args(["--method", "cis_reinforce", "--loss_kwargs", "cap=5"])
+    assert args.objective == "cis_reinforce" and args.agg == "token-mean" and args.loss_kwargs == {"cap": 5}
+    logp, old, adv, mask = batch(1)
+    p = logp.clone().requires_grad_(True)
+    loss, stats = train.policy_loss(args, p, old, adv, mask, None)
+    loss.backward()
+    # the gradient of REINFORCE weighted by min(r, 5): -min(r, 5) A / N per token
+    r = (logp - old).exp()
+    want = torch.where(mask, -r.clamp(max=5) * adv[:, None] / mask.sum(), 0.0)
+    torch.testing.assert_close(p.grad, want)
+    assert set(stats) == set(gppo.STATS) | set(gppo.BY_MU) and stats["clip_frac"] > 0
+    with pytest.raises(ValueError, match="cap"):
+        train.parse_args(["--method", "cis_reinforce", "--loss_kwargs", "cpa=5"])
