@@ -7,8 +7,8 @@
 #   bash run.sh smollm2 [--flag=value ...]                SmolLM2-135M-Instruct on a reasoning-gym task
 #   bash run.sh sweep [--flag=value ...]                  the comparison with statistics (bench/sweep.py)
 #   DIVERGENCE: tv chi2 kl hellinger js      ESTIMATOR: mc atomic binary   (python train.py -h: all flags)
-#   --task rare (any position; also for sweep): the rare-answer task data/tiny_rare, tiny-rare-math at 32
-#   prompts per iteration (data/prepare.py --variant rare); its runs go to out/<name>-rare-seed<seed>.
+#   --task rare (any position; also for sweep): the rare-answer task, data/tiny_rare and its data set
+#   tiny-rare-math (data/prepare.py --variant rare), about 2 min; its runs go to out/<name>-rare-seed<seed>.
 #   Extra flags go to train.py. The run's folder is --out_dir (or OUT=...), by default
 #   out/<name>-seed<seed> (e.g. out/kl-atomic-seed7), with its log beside it (out/kl-atomic-seed7.log).
 #
@@ -33,12 +33,12 @@ for a in "$@"; do
     case $a in --task) prev=--task; continue ;; --task=*) TASK=${a#*=}; continue ;; esac
     rest+=("$a")
 done
+[ "$prev" != --task ] || { echo "--task needs a value: default or rare"; exit 2; }
 set -- ${rest[@]+"${rest[@]}"}
 case $TASK in
     default) EVAL=tiny-math,tiny-code; TASK_ARGS=(); SUFFIX=; MODEL_DIR=data/tiny; PREP=() ;;
     rare) EVAL=tiny-rare-math; SUFFIX=-rare; MODEL_DIR=data/tiny_rare; PREP=(--variant rare)
-          TASK_ARGS=(--model data/tiny_rare/model --data_dir data/tiny_rare --train_data tiny-rare-math
-                     --prompts_per_iter 32) ;;
+          TASK_ARGS=(--model data/tiny_rare/model --data_dir data/tiny_rare --train_data tiny-rare-math) ;;
     *) echo "unknown --task $TASK: default or rare"; exit 2 ;;
 esac
 [ $# -ge 1 ] || usage

@@ -8,6 +8,7 @@ with a 95% interval, and the paper's orderings checked one by one.
     bash run.sh sweep --seeds 0-2                                 # then 3 seeds of everything
     bash run.sh sweep --jobs 2 --publish                          # two at a time; copy to bench/results/sweep/
     bash run.sh sweep --only grpo,kl-atomic --seeds 0 --iters 2   # any train.py flag passes through
+    bash run.sh sweep --task rare --seeds 0-4 --only grpo,dapo,kl-atomic   # on data/tiny_rare (out/sweep-rare)
 
 Writes into --out (out/sweep/): <method>-seed<s>/ per run (train.py's folder, its train.log and
 result.json), eval_start.json, table.md, sweep.json, dynamics.png, clip_by_mu.png, regions.png and
@@ -51,7 +52,17 @@ sys.path.insert(0, str(ROOT))
 import gppo  # noqa: E402
 import train  # noqa: E402  (import does no work: parse_args is all the sweep uses)
 
-EVAL_SETS = ("tiny-math", "tiny-code")
+EVAL_SETS = ("tiny-math", "tiny-code")   # the --task's eval sets (main sets them)
+# --task: each embedded task's model, data folder, held-out sets, train.py flags (before the
+# pass-through ones, which may override them), sweep folder and publish folder
+TASKS = {
+    "default": dict(model="data/tiny/model", data_dir="data/tiny", eval_sets=("tiny-math", "tiny-code"),
+                    flags=[], out="out/sweep", publish_dir="bench/results/sweep", prepare=[]),
+    # data/tiny_rare (data/prepare.py --variant rare): the right answer letter starts rare (mu ~ 0.03)
+    "rare": dict(model="data/tiny_rare/model", data_dir="data/tiny_rare", eval_sets=("tiny-rare-math",),
+                 flags=["--train_data", "tiny-rare-math"], out="out/sweep-rare",
+                 publish_dir="bench/results/sweep-rare", prepare=["--variant", "rare"]),
+}
 REFERENCE = "tv-mc"
 # table labels of the named cells, from gppo.METHODS: tv-mc -> "GRPO / PPO", kl-mc -> "DAPO", ...
 LABELS = {"-".join(cell): " / ".join(n.upper() for n, c in gppo.METHODS.items() if c == cell)
@@ -365,6 +376,11 @@ def _ci(p, n_row=None):
     return s + (f" (n={p['n']})" if n_row is not None and p["n"] != n_row else "")
 
 
+def _short(key):
+    """tiny-math -> math, tiny-rare-math -> math: the column names of an eval set."""
+    return key.rsplit("-", 1)[-1]
+
+
 def _label(name):
     return f"{name} ({LABELS[name]})" if name in LABELS else name
 
@@ -372,22 +388,23 @@ def _label(name):
 def format_table(rows, k, warm=None):
     """One row per method, the reference first: n, avg@k mean ± std, paired Δ against it with its 95%
     interval, gain over the warm start, and the last iteration's entropy and train reward."""
-    lines = [f"| method | n | tiny-math avg@{k} | Δ math vs GRPO [95% CI] | tiny-code avg@{k} | "
-             f"Δ code vs GRPO [95% CI] | gain over warm start, math / code | entropy, last iter | "
-             f"train reward, last iter |", "|" + "---|" * 9]
+    short = " / ".join(_short(key) for key in EVAL_SETS)
+    lines = ["| method | n | " + "".join(f"{key} avg@{k} | Δ {_short(key)} vs GRPO [95% CI] | " for key in EVAL_SETS)
+             + f"gain over warm start, {short} | entropy, last iter | train reward, last iter |",
+             "|" + "---|" * (5 + 2 * len(EVAL_SETS))]
     if warm is not None:
-        lines.append(f"| warm start (before RL) | - | {warm.get('tiny-math', 0):.1f} | - | "
-                     f"{warm.get('tiny-code', 0):.1f} | - | - | - | - |")
+        lines.append("| warm start (before RL) | - | " + "".join(f"{warm.get(key, 0):.1f} | - | " for key in EVAL_SETS)
+                     + "- | - | - |")
     for name in sorted(rows, key=lambda n: n != REFERENCE):      # stable: the reference, then table order
         row = rows[name]
         if row["n"] == 0:
-            lines.append(f"| {_label(name)} | 0 | not run | | | | | | |")
+            lines.append(f"| {_label(name)} | 0 | not run |" + " |" * (2 + 2 * len(EVAL_SETS)))
             continue
         gain = " / ".join("-" if row["gain_" + key] is None else f"{row['gain_' + key]:+.1f}" for key in EVAL_SETS)
         deltas = ["reference" if name == REFERENCE else _ci(row["vs_ref_" + key], row["n"]) for key in EVAL_SETS]
         label = f"**{_label(name)}**" if name == REFERENCE else _label(name)
-        lines.append(f"| {label} | {row['n']} | {_ms(row['tiny-math'])} | {deltas[0]} | {_ms(row['tiny-code'])} | "
-                     f"{deltas[1]} | {gain} | {_ms(row['entropy'], 3)} | {_ms(row['reward'], 3)} |")
+        lines.append(f"| {label} | {row['n']} | " + "".join(f"{_ms(row[key])} | {d} | " for key, d in zip(EVAL_SETS, deltas))
+                     + f"{gain} | {_ms(row['entropy'], 3)} | {_ms(row['reward'], 3)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -408,8 +425,9 @@ def format_per_seed(rows):
 
 def format_orderings(orders):
     """The paper's orderings: one row per comparison, then a count of verdicts per claim."""
-    lines = ["| claim | a − b | paper Δ math / code | n | Δ math [95% CI] | math | Δ code [95% CI] | code |",
-             "|" + "---|" * 8]
+    lines = ["| claim | a − b | paper Δ math / code | n | " +
+             "".join(f"Δ {_short(key)} [95% CI] | {_short(key)} | " for key in EVAL_SETS).rstrip(),
+             "|" + "---|" * (4 + 2 * len(EVAL_SETS))]
     for o in orders:
         paper = "-" if o["paper"] is None else " / ".join(f"{x:+.1f}" for x in o["paper"])
         n = sorted({o[key]["n"] for key in EVAL_SETS})
@@ -617,7 +635,7 @@ def report(out, settings, threads, jobs, invocations):
     flags = "".join(" " + f for f in settings["train_flags"])
     n_comparisons = sum(r["n"] > 0 for r in rows.values()) - 1 + len(orders)
     text = (f"# GPPO grid and baselines: paired comparison against GRPO (tv-mc)\n\n"
-            f"avg@{k} (%) on the held-out tiny-math and tiny-code problems, mean ± sample std over each "
+            f"avg@{k} (%) on the held-out {' and '.join(EVAL_SETS)} problems, mean ± sample std over each "
             f"method's finished seeds (n). Δ: the paired difference against tv-mc (GRPO) over the seeds both "
             f"finished (seed s of every method starts from the same model and samples the same first "
             f"iteration), its mean and 95% Student t interval; ✱ marks a difference distinguishable from 0 "
@@ -634,7 +652,7 @@ def report(out, settings, threads, jobs, invocations):
             f"interval lies above 0, **not reproduced (reversed)** when it lies below 0, **undecided** at "
             f"this budget when it contains 0 (or fewer than 2 paired seeds); identical regions give a tie.\n\n"
             + format_orderings(orders) +
-            f"\n## Per seed: Δ vs GRPO, math / code\n\n" + format_per_seed(rows) +
+            f"\n## Per seed: Δ vs GRPO, {' / '.join(map(_short, EVAL_SETS))}\n\n" + format_per_seed(rows) +
             f"\nMachine: {mach['cpu']}, {mach['cores']} cores, GPU {mach['gpu'] or 'none'}, torch threads "
             f"{mach['torch_threads']} per run.\n"
             f"Wall time: {len(results)} finished runs took {run_s / 60:.1f} min summed "
@@ -662,16 +680,26 @@ def main():
     p.add_argument("--seeds", default="0-2", help="seeds run for every selected method: '0-4', '0,1,2', '0-2,7'")
     p.add_argument("--only", default="", help="comma-separated methods (e.g. gspo,kl-atomic,grpo); default all")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each with --threads 1 unless given)")
-    p.add_argument("--model", default="data/tiny/model", help="model folder for every run")
-    p.add_argument("--data_dir", default="data/tiny", help="folder with tiny-math / tiny-code")
-    p.add_argument("--out", default="out/sweep", help="sweep folder: one sub-folder per run, tables, figures")
+    p.add_argument("--task", default="default", choices=list(TASKS),
+                   help="embedded task: default (data/tiny: tiny-math, tiny-code) or rare (data/tiny_rare: "
+                        "tiny-rare-math); sets the defaults of the next four")
+    p.add_argument("--model", default=None, help="model folder for every run (default: the task's)")
+    p.add_argument("--data_dir", default=None, help="folder with the task's data sets (default: the task's)")
+    p.add_argument("--out", default=None, help="sweep folder: one sub-folder per run, tables, figures "
+                                               "(default out/sweep, out/sweep-rare for --task rare)")
     p.add_argument("--dry_run", action="store_true", help="list what would run, and run nothing")
     p.add_argument("--publish", action="store_true", help="copy tables, sweep.json and figures to --publish_dir")
-    p.add_argument("--publish_dir", default="bench/results/sweep", help="committed folder for --publish")
+    p.add_argument("--publish_dir", default=None,
+                   help="committed folder for --publish (default bench/results/sweep, or sweep-rare)")
     args, extra = p.parse_known_args()
+    global EVAL_SETS
+    task = TASKS[args.task]
+    EVAL_SETS = task["eval_sets"]
+    for key in ("model", "data_dir", "out", "publish_dir"):
+        setattr(args, key, getattr(args, key) or task[key])
     command = " ".join(["bench/sweep.py", *sys.argv[1:]])
     os.chdir(ROOT)
-    flags, threads = split_passthrough(extra)
+    flags, threads = split_passthrough(task["flags"] + extra)
     if threads is None and args.jobs > 1:
         threads = 1
     seeds = parse_seeds(args.seeds)
@@ -688,8 +716,8 @@ def main():
             n, s = pending[0]
             print("  " + " ".join(train_cmd(n, table[n], s, args.out, settings, threads)[1:]))
         return
-    if args.model == "data/tiny/model" and not os.path.exists("data/tiny/model/config.json"):
-        subprocess.run([sys.executable, "data/prepare.py"], check=True)   # as run.sh does
+    if args.model == task["model"] and not os.path.exists(os.path.join(task["model"], "config.json")):
+        subprocess.run([sys.executable, "data/prepare.py", *task["prepare"]], check=True)   # as run.sh does
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     print(f"sweep: {len(pending)} runs to do of {len(todo)}, {args.jobs} at a time, into {args.out}", flush=True)

@@ -3,6 +3,8 @@ Build the embedded default: synthetic tasks, a character tokenizer and a tiny wa
 
     python data/prepare.py              # writes data/tiny/ (about 2-3 minutes on 2 CPU cores)
     python data/prepare.py --force      # rebuild even if data/tiny/model exists
+    python data/prepare.py --variant rare --steps 3000   # data/tiny_rare: the right answer starts rare
+                                                        # (about 3 minutes on 1 thread; item 5)
 
 Everything the CPU default needs is made here from a seed, so nothing is downloaded:
 1. Two verifiable tasks with disjoint train / held-out ("test") splits, in the row schema of
@@ -20,10 +22,20 @@ Everything the CPU default needs is made here from a seed, so nothing is downloa
    same kind. Stopped once greedy decoding solves --target of validation problems, the policy
    knows the skill (the right answer is its mode) but one sample at temperature 1 is right only
    about 20-35% of the time: room for RL to show its effect by sharpening, not by teaching.
+5. --variant rare (data/tiny_rare, data set tiny-rare-math): where the right answer token starts
+   rare, so that the trust region's treatment of rare tokens can matter. Math only: the max or
+   min of three distinct letters a-z ("max(q, c, x) = ?" -> \\boxed{x}; 31,200 problems, 3,000
+   train and 200 held out), and a *confused* demonstrator that knows the answer but writes it
+   with probability --q_rare (0.02) only, else one of the problem's two other letters. The warm
+   start learns the rule (it must find the answer to avoid it) and samples the answer letter
+   with mu of about 0.04 on held-out problems (pass@8 about 22%; bench/rare_mu.py measures it).
+   The same tokenizer, model and training loop settings; its own functions (rare_*) and flags
+   enter its recipe hash only, so the default's hash is unchanged.
 """
 import argparse
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import random
@@ -234,11 +246,149 @@ def warm_start(model, rows, tok, args):
             "val": {t: {"sample_solve": p, "greedy_solve": g} for t, (p, g) in report.items()}}
 
 
+# ----------------------------------------------------------------------------------------------
+# the rare-answer variant (--variant rare): data/tiny_rare, where the right answer starts rare
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+RARE_PREFIX = "\\boxed{"   # what the demonstrator writes before the answer letter
+
+
+def rare_math_problems():
+    """Every "max(a, b, c) = ?" and "min(a, b, c) = ?" over three distinct letters a-z in
+    alphabetical order: 31,200 problems, each answered by one of 26 letters (one token each).
+    Each item: (problem, answer, the two other letters of the problem)."""
+    out = []
+    for kind, fn in (("max", max), ("min", min)):
+        for a, b, c in itertools.permutations(LETTERS, 3):
+            answer = fn(a, b, c)
+            out.append((f"{kind}({a}, {b}, {c}) = ?\n", answer, [x for x in (a, b, c) if x != answer]))
+    return out
+
+
+def rare_make_tasks(seed, n_train, n_test):
+    """Math rows only (task "math", source "tiny-rare-math"), shuffled from a seed; held-out
+    problems never appear in train. "others" (the problem's two other letters) is what the
+    confused demonstrator writes instead of the answer; loaders and rewards ignore it."""
+    rng = random.Random(seed)
+    math = [{"problem": p, "ground_truth": a, "solution": math_solution(a), "others": o}
+            for p, a, o in rare_math_problems()]
+    rng.shuffle(math)
+    if n_train + n_test > len(math):
+        raise ValueError(f"--n_rare_train {n_train} + --n_rare_test {n_test} exceeds the {len(math)} problems")
+    rows = {"math": {"test": math[:n_test], "train": math[n_test:n_test + n_train]}}
+    for split, items in rows["math"].items():
+        for i, row in enumerate(items):
+            row.update(id=f"tiny-rare-math-{split}-{i}", task="math", source="tiny-rare-math")
+    return rows
+
+
+def rare_sft_batch(rows, tok, rng, batch_size):
+    """Prompt + reference solution + EOS for random train problems, plus (in the shifted
+    coordinates of the loss) each row's answer position and its two other letters' token ids."""
+    pairs, pos, others = [], [], []
+    n_prefix = len(tok(RARE_PREFIX)["input_ids"])
+    for _ in range(batch_size):
+        row = rng.choice(rows)
+        p = tok(row["problem"])["input_ids"]
+        pairs.append((p, tok(row["solution"])["input_ids"] + [tok.eos_token_id]))
+        pos.append(len(p) + n_prefix - 1)       # logits[:, t] predicts ids[t + 1]
+        others.append(tok.convert_tokens_to_ids(row["others"]))
+    return collate(pairs, tok.pad_token_id) + (torch.tensor(pos), torch.tensor(others))
+
+
+def confused_demonstrator_loss(logits, labels, pos, others, q):
+    """Cross-entropy against a demonstrator that knows the answer but writes it with probability q
+    only, and otherwise one of the problem's two other letters (uniformly): every other character
+    of the solution is always right. Its expected loss, as noisy_demonstrator_loss: at the answer
+    position the target is q * onehot(answer) + (1 - q) / 2 on each other letter. So the warm start
+    learns the rule (it must find the answer to put little mass on it) and samples it with
+    probability about q: the answer token starts rare (mu ~ q) while the policy knows it."""
+    logp = logits.float().log_softmax(-1)
+    valid = labels >= 0
+    nll = -logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    rows = torch.arange(len(pos))
+    other_nll = -logp[rows, pos].gather(-1, others).mean(-1)
+    at_answer = torch.zeros_like(valid)
+    at_answer[rows, pos] = True
+    nll = torch.where(at_answer, q * nll + (1 - q) * other_nll[:, None], nll)
+    return (nll * valid).sum() / valid.sum()
+
+
+@torch.no_grad()
+def rare_stats(model, items, tok):
+    """(mean probability of the answer token at the answer position, i.e. the mu of the answer
+    after the prompt and "\\boxed{", fraction of problems where the policy "knows" the answer: it
+    ranks third, below the two other letters and above every letter not in the problem)."""
+    model.eval()
+    mu, knows = 0.0, 0
+    for i in range(0, len(items), 100):
+        chunk = items[i:i + 100]
+        ids, _, attn, pos, others = rare_sft_batch(chunk, tok, _Cycle(chunk), len(chunk))
+        probs = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float().softmax(-1)
+        rows = torch.arange(len(chunk))
+        at = probs[rows, pos]                                       # (B, V) at the answer position
+        y = torch.tensor(tok.convert_tokens_to_ids([r["ground_truth"] for r in chunk]))
+        p_y = at[rows, y]
+        letters = torch.tensor(tok.convert_tokens_to_ids(list(LETTERS)))
+        rest = at[:, letters].clone()
+        rest[(letters[None, :] == y[:, None]) | (letters[None, :, None] == others[:, None, :]).any(-1)] = 0
+        knows += ((at.gather(-1, others).min(-1).values > p_y) & (p_y > rest.max(-1).values)).sum().item()
+        mu += p_y.sum().item()
+    model.train()
+    return mu / len(items), knows / len(items)
+
+
+class _Cycle:
+    """A stand-in for random.Random whose choice() walks a list in order (rare_stats scores each
+    item once through rare_sft_batch)."""
+    def __init__(self, items):
+        self.it = iter(items)
+
+    def choice(self, _):
+        return next(self.it)
+
+
+def rare_warm_start(model, rows, tok, args):
+    """warm_start for the rare variant: the confused demonstrator (q = --q_rare) on math only.
+
+    It stops once, on validation problems (a slice of train), the policy knows the answer on
+    `target` of them (rare_stats) and the answer's mean probability is within 1.5 x q, so the
+    start is the demonstrator's: the skill learned, the answer sampled about q of the time.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
+    rng = random.Random(args.seed + 1)
+    val, train = rows["math"]["train"][:args.n_val], rows["math"]["train"][args.n_val:]
+    model.train()
+    t0, report = time.time(), (0.0, 0.0)
+    for step in range(1, args.steps + 1):
+        ids, labels, attn, pos, others = rare_sft_batch(train, tok, rng, args.batch_size)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        loss = confused_demonstrator_loss(logits, labels[:, 1:], pos, others, args.q_rare)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % args.eval_every == 0 or step == args.steps:
+            report = rare_stats(model, val, tok)
+            print(f"warm start step {step}/{args.steps} | loss {loss.item():.3f} | val answer mu "
+                  f"{report[0]:.4f} knows {report[1]:.3f} | {time.time() - t0:.0f}s", flush=True)
+            if report[1] >= args.target and report[0] <= 1.5 * args.q_rare:
+                break
+    return {"steps": step, "final_loss": loss.item(), "seconds": time.time() - t0,
+            "val": {"math": {"answer_mu": report[0], "knows": report[1]}}}
+
+
 # the functions and flags that decide what the model is; threads, output folder and --force do not
 RECIPE_FUNCTIONS = ("math_problems", "math_solution", "code_problems", "code_solution", "make_tasks",
                     "build_tokenizer", "build_model", "collate", "sft_batch", "noisy_demonstrator_loss",
                     "solve_stats", "warm_start")
 NOT_RECIPE = ("out", "threads", "force")
+# the rare variant's: part of its recipe, and absent from the default's (whose hash predates them)
+RARE_FUNCTIONS = ("rare_math_problems", "rare_make_tasks", "rare_sft_batch", "confused_demonstrator_loss",
+                  "rare_stats", "_Cycle", "rare_warm_start")
+RARE_FLAGS = ("variant", "q_rare", "n_rare_train", "n_rare_test")
 
 
 def recipe_hash(args):
@@ -246,15 +396,26 @@ def recipe_hash(args):
     and model, and every flag that changes them. The committed data/tiny/model records it, and a
     test checks it against this file, so the committed weights are known to come from this code
     (not that a rebuild reproduces them bitwise: another CPU's float arithmetic would not)."""
-    source = "".join(inspect.getsource(globals()[name]) for name in RECIPE_FUNCTIONS)
-    flags = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_RECIPE}
+    rare = args.variant == "rare"
+    names = RECIPE_FUNCTIONS + (RARE_FUNCTIONS if rare else ())
+    source = "".join(inspect.getsource(globals()[name]) for name in names)
+    flags = {k: v for k, v in sorted(vars(args).items())
+             if k not in NOT_RECIPE and (rare or k not in RARE_FLAGS)}
     return hashlib.sha256((source + json.dumps(flags)).encode()).hexdigest()[:16]
 
 
 def parser():
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(HERE, "tiny"), help="output folder")
+    p.add_argument("--out", default=None, help="output folder (default data/tiny, or data/tiny_rare for --variant rare)")
+    p.add_argument("--variant", default="default", choices=("default", "rare"),
+                   help="rare: math only, max/min of three letters a-z, written right with probability "
+                        "--q_rare by the demonstrator (data/tiny_rare: the answer token starts rare)")
+    p.add_argument("--q_rare", type=float, default=0.02,
+                   help="rare variant: how often the demonstrator writes the answer letter (else one of "
+                        "the problem's two other letters)")
+    p.add_argument("--n_rare_train", type=int, default=3000, help="rare variant: train problems (incl. validation)")
+    p.add_argument("--n_rare_test", type=int, default=200, help="rare variant: held-out problems")
     p.add_argument("--seed", type=int, default=0, help="seed for tasks and model init")
     p.add_argument("--n_math_train", type=int, default=1240, help="math train problems (incl. validation)")
     p.add_argument("--n_math_test", type=int, default=200, help="held-out math problems")
@@ -281,6 +442,8 @@ def parser():
 
 def main():
     args = parser().parse_args()
+    rare = args.variant == "rare"
+    args.out = args.out or os.path.join(HERE, "tiny_rare" if rare else "tiny")
     model_dir = os.path.join(args.out, "model")
     if os.path.exists(os.path.join(model_dir, "config.json")) and not args.force:
         print(f"{model_dir} exists; nothing to do (--force rebuilds)")
@@ -288,11 +451,15 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    rows = make_tasks(args.seed, args.n_math_train, args.n_math_test, args.n_code_test)
+    if rare:
+        rows = rare_make_tasks(args.seed, args.n_rare_train, args.n_rare_test)
+    else:
+        rows = make_tasks(args.seed, args.n_math_train, args.n_math_test, args.n_code_test)
     os.makedirs(args.out, exist_ok=True)
     for task, splits in rows.items():
         for split, items in splits.items():
-            with open(os.path.join(args.out, f"{task}_{split}.jsonl"), "w") as f:
+            # rare_math_*.jsonl: a name of its own, so no --data_dir can mistake tiny's files for it
+            with open(os.path.join(args.out, f"{'rare_' if rare else ''}{task}_{split}.jsonl"), "w") as f:
                 for row in items:
                     f.write(json.dumps(row) + "\n")
 
@@ -300,7 +467,7 @@ def main():
     model = build_model(len(tok), args)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tiny Qwen2: {n_params / 1e6:.2f}M parameters, vocab {len(tok)}")
-    report = warm_start(model, rows, tok, args)
+    report = (rare_warm_start if rare else warm_start)(model, rows, tok, args)
 
     # written to a temporary folder and renamed, so an interrupted build never looks complete
     tmp = model_dir + ".tmp"

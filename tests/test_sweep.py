@@ -331,3 +331,25 @@ def test_dry_run_lists_every_run_and_writes_nothing(tmp_path):
     assert "--iters 2" in proc.stdout and "--eval_data tiny-math,tiny-code" in proc.stdout
     assert "--method gspo" in proc.stdout                                 # the first run: a baseline by name
     assert not out.exists()
+
+
+def test_task_rare_runs_on_data_tiny_rare(tmp_path):
+    """--task rare: every run gets the rare warm start, its data folder and data set (train.py's other
+    defaults unchanged), and the table has one eval column."""
+    out = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--task", "rare", "--dry_run", "--out", str(out),
+                           "--seeds", "0", "--only", "grpo", "--iters", "2"], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    cmd = proc.stdout.splitlines()[-1]
+    for part in ("--model data/tiny_rare/model", "--data_dir data/tiny_rare", "--eval_data tiny-rare-math",
+                 "--train_data tiny-rare-math", "--iters 2"):
+        assert part in cmd, (part, cmd)
+    try:
+        sweep.EVAL_SETS = ("tiny-rare-math",)
+        rows = sweep.aggregate(results_two_budgets(), NAMES, warm={"tiny-rare-math": 5.0})
+        table = sweep.format_table(rows, 8, warm={"tiny-rare-math": 5.0})
+    finally:
+        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+    head, sep, warm = table.splitlines()[:3]
+    assert head.count("|") == sep.count("|") == warm.count("|") == 8 and "tiny-rare-math avg@8" in head
