@@ -31,6 +31,8 @@ How one iteration goes, and where it departs from textbook GRPO:
    reward reads the last answer and ignores what follows, so EOS erodes without it).
 6. Log-probs and entropy come from the last hidden states in chunks of at most `logp_chunk_mb` of
    float32 logits, each chunk's logits recomputed in the backward pass (one chunk lives at a time).
+   The LM head's matmul runs at `--head_precision` (fp32 on the CPU, tf32 on CUDA), the
+   log-softmax always in float32: trainer/sampler mismatch in the ratio starts at the head.
 7. After the updates the new weights stream into the running vLLM engine in memory (rollout.py).
 Everything is logged once per iteration (one line, metrics.jsonl), reduced over ranks.
 """
@@ -127,6 +129,8 @@ def parser():
     g.add_argument("--sample_every", type=int, default=10, help="print a few completions every N iterations")
     g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data")
     g.add_argument("--eval_before", action="store_true", help="also score the start model (eval_start.json)")
+    g.add_argument("--eval_every", type=int, default=0, help="also score --eval_data every N iterations, into "
+                   "that iteration's metrics row (eval_avg@k) and eval_iter_N.json; 0 = only at the end")
     g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
     return p
 
@@ -161,8 +165,8 @@ def parse_args(argv=None):
         bad("max_new_tokens", f"fewer tokens than --max_model_len={args.max_model_len} (the prompt needs room)")
     if args.overlong_buffer >= args.max_new_tokens:
         bad("overlong_buffer", f"fewer tokens than --max_new_tokens={args.max_new_tokens}")
-    if args.ckpt_every < 0:
-        bad("ckpt_every", "an integer >= 0")
+    if args.ckpt_every < 0 or args.eval_every < 0:
+        bad("ckpt_every" if args.ckpt_every < 0 else "eval_every", "an integer >= 0")
     if args.tis_cap is not None and args.tis_cap <= 0:
         bad("tis_cap", "a positive number")
     if args.tis_cap is not None and args.mu_source == "vllm":   # mu would already be vLLM's: corrected twice
@@ -740,6 +744,8 @@ def main(argv=None):
 
         row = log_row(args, acc, it, batch, take, rewards, shaped, keep, upd.gap if args.mu_source == "vllm" else gap,
                       upd, run.sources, times)
+        if args.eval_every and it % args.eval_every == 0 and run.eval_rows:   # the engine has the new weights
+            row[f"eval_avg@{args.eval_k}"] = evaluate(args, run, f"eval_iter_{it:06d}.json")
         history.append(row)
         metrics_file.write(json.dumps(row) + "\n"); metrics_file.flush()
         if args.wandb and acc.is_main_process:
@@ -780,6 +786,7 @@ def evaluate(args, run, name):
                        else os.path.join(args.out_dir, "final")}, f)
     scores = " | ".join(f"{k} {v:.1f}" for k, v in res.items())
     run.log(f"{'start ' if name == 'eval_start.json' else ''}avg@{args.eval_k}: {scores} ({name})")
+    return res
 
 
 def save_policy(acc, model, tokenizer, path):

@@ -9,10 +9,13 @@ with a 95% interval, and the paper's orderings checked one by one.
     bash run.sh sweep --jobs 2 --publish                          # two at a time; copy to bench/results/sweep/
     bash run.sh sweep --only grpo,kl-atomic --seeds 0 --iters 2   # any train.py flag passes through
     bash run.sh sweep --task rare --seeds 0-4 --only grpo,dapo,kl-atomic   # on data/tiny_rare (out/sweep-rare)
+    bash run.sh sweep --task rare --seeds 0-4 --only grpo,dapo,kl-atomic,dppo,ripo,dgpo --target_kl 0 \
+        --eval_every 10 --jobs 2 --publish                        # the rare-answer comparison (issue 26)
 
 Writes into --out (out/sweep/): <method>-seed<s>/ per run (train.py's folder, its train.log and
 result.json), eval_start.json, table.md, sweep.json, dynamics.png, clip_by_mu.png, regions.png and
-invocations.jsonl. Paths are relative to the repository root, as in run.sh.
+invocations.jsonl; with --task rare also answer_prob.png. Paths are relative to the repository root,
+as in run.sh.
 
 Choices:
 1. One `train.py` subprocess per (method, seed), all at train.py's defaults plus the same
@@ -41,6 +44,16 @@ Choices:
    single-threaded runs can beat one two-threaded run. Thread count is not part of the settings.
 7. The warm-start row is eval.py on the start model once per --out (eval_start.json), with the
    runs' evaluation settings (k, response length, context, template, backend, dtype).
+8. Learning speed (table.md's section with --task rare, or whenever runs have eval_avg@k rows): per
+   run, the iterations to a train reward of REWARD_TARGET (0.5; the first metrics row with
+   reward_mean >= 0.5, a run that never gets there counts as its last iteration + 1 and the table
+   counts them) and the area under the held-out avg@k curve: iteration 0 from the warm start
+   (eval_start.json), then train.py's eval_avg@k rows (--eval_every N), trapezoid divided by the
+   span, i.e. the mean avg@k over training; each paired against tv-mc like the final avg@k. On the
+   rare task the answer is the one token after `\\boxed{`, so avg@k estimates the mean probability of
+   the answer token; answer_prob.png shows it per method beside the default task's curve (its
+   eval_avg@k if the default sweep has such rows, else its train reward, as the panel title says).
+   --eval_every is one of the settings: runs scored at other iterations are not mixed.
 """
 import argparse, glob, json, math, os, platform, shutil, statistics, subprocess, sys, time
 from collections import Counter
@@ -64,6 +77,7 @@ TASKS = {
                  publish_dir="bench/results/sweep-rare", prepare=["--variant", "rare"]),
 }
 REFERENCE = "tv-mc"
+REWARD_TARGET = 0.5        # the learning-speed table's train reward to reach (choice 8)
 # table labels of the named cells, from gppo.METHODS: tv-mc -> "GRPO / PPO", kl-mc -> "DAPO", ...
 LABELS = {"-".join(cell): " / ".join(n.upper() for n, c in gppo.METHODS.items() if c == cell)
           for cell in gppo.METHODS.values()}
@@ -308,6 +322,14 @@ def scores(runs_of, key):
     return {s: r["eval"][key] for s, r in runs_of.items() if r["eval"].get(key) is not None}
 
 
+def vs_ref(mine, theirs):
+    """One method's paired difference against the reference ({seed: value} each): n, mean, 95% t
+    interval (paired), distinguishable, and the difference on every common seed."""
+    n, m, lo, hi = paired(mine, theirs)
+    return dict(n=n, mean=m, lo=lo, hi=hi, distinguishable=distinguishable(lo, hi),
+                per_seed={s: mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())})
+
+
 def aggregate(results, names, warm=None):
     """{name: row}: n and seeds; per eval set (and "all") mean/std, the paired difference against
     tv-mc (n, mean, 95% interval, per seed) and the gain of the mean over the warm start; the last
@@ -321,9 +343,7 @@ def aggregate(results, names, warm=None):
         for key in EVAL_SETS + ("all",):
             mine, theirs = scores(rs, key), scores(ref, key)
             row[key] = mean_std(mine.values())
-            n, m, lo, hi = paired(mine, theirs)
-            row["vs_ref_" + key] = dict(n=n, mean=m, lo=lo, hi=hi, distinguishable=distinguishable(lo, hi),
-                                        per_seed={s: mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())})
+            row["vs_ref_" + key] = vs_ref(mine, theirs)
             w = (warm or {}).get(key)
             row["gain_" + key] = None if w is None or row[key][0] is None else row[key][0] - w
         row["entropy"] = mean_std([r["final"].get("entropy") for r in rs.values()])
@@ -353,6 +373,103 @@ def orderings(results, names):
             n, m, lo, hi = paired(scores(runs[a], key), scores(runs[b], key))
             row[key] = dict(n=n, mean=m, lo=lo, hi=hi, verdict=verdict(n, m, lo, hi))
         out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# learning speed (choice 8): iterations to a train reward, area under the held-out avg@k curve
+
+def iters_to_reward(hist, target=REWARD_TARGET):
+    """(iteration, reached): the first iteration whose metrics row has reward_mean >= target; a run
+    that never gets there counts as its last iteration + 1, reached False."""
+    for row in hist:
+        if row.get("reward_mean") is not None and row["reward_mean"] >= target:
+            return row["iter"], True
+    return (hist[-1]["iter"] if hist else 0) + 1, False
+
+
+def eval_points(hist, k, start=None, final=None):
+    """[(iteration, {eval set: avg@k})] of one run, by iteration: 0 from `start` (the warm start's
+    scores), every metrics row's eval_avg@k (train.py --eval_every), and `final` (eval.json) at the last
+    iteration when its row has none. [] when no row has eval_avg@k (the run had no --eval_every):
+    start and end alone are no curve."""
+    key = f"eval_avg@{k}"
+    pts = {row["iter"]: row[key] for row in hist if row.get(key)}
+    if not pts:
+        return []
+    if start:
+        pts.setdefault(0, start)
+    if final and hist and hist[-1]["iter"] not in pts:
+        pts[hist[-1]["iter"]] = final
+    return sorted(pts.items())
+
+
+def auc(points, key):
+    """The mean of eval set `key`'s avg@k over training: the trapezoid area under its curve
+    (iteration, value), divided by the span of iterations. None with fewer than 2 points."""
+    xy = [(it, v[key]) for it, v in points if v.get(key) is not None]
+    if len(xy) < 2 or xy[-1][0] == xy[0][0]:
+        return None
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(xy, xy[1:]))
+    return area / (xy[-1][0] - xy[0][0])
+
+
+def run_start(out, r, warm):
+    """A run's iteration-0 scores: the sweep's warm start (eval_start.json of --out, the same for every
+    run, so it shifts every method's area alike), else the run's own eval_start.json (--eval_before)."""
+    if warm:
+        return warm
+    try:
+        with open(os.path.join(run_dir(out, r["name"], r["seed"]), "eval_start.json")) as f:
+            return next(iter(json.load(f).values()))       # {"avg@k": {...}, "model": ...}
+    except (OSError, json.JSONDecodeError, StopIteration):
+        return None
+
+
+def speed(out, results, hists, names, k, warm=None):
+    """{name: row} of the learning-speed table, from the finished runs and their metrics rows
+    (hists: {name: {seed: rows}}, histories(..., by_seed=True)): per method n, the iterations to a train reward of
+    REWARD_TARGET (mean ± std, how many runs did not reach it, paired difference against tv-mc) and,
+    per eval set (and "all"), the area under the held-out avg@k curve (the same) and the number of
+    curve points; plus "points" {seed: [(iteration, {set: avg@k})]} for the figure."""
+    runs = by_seed(results)
+    per = {}                                   # name -> {seed: dict(reach, reached, points)}
+    for name, rs in runs.items():
+        per[name] = {}
+        for s, r in rs.items():
+            h = hists.get(name, {}).get(s, [])
+            it, ok = iters_to_reward(h)
+            per[name][s] = dict(reach=it, reached=ok, points=eval_points(h, k, run_start(out, r, warm), r["eval"]))
+    ref = per.get(REFERENCE, {})
+    rows = {}
+    for name in names:
+        rs = per.get(name, {})
+        reach = {s: v["reach"] for s, v in rs.items()}
+        row = dict(n=len(rs), reach=mean_std(reach.values()), not_reached=sum(not v["reached"] for v in rs.values()),
+                   vs_ref_reach=vs_ref(reach, {s: v["reach"] for s, v in ref.items()}),
+                   points={s: v["points"] for s, v in sorted(rs.items())})
+        for key in EVAL_SETS + ("all",):
+            mine = {s: a for s, v in rs.items() if (a := auc(v["points"], key)) is not None}
+            theirs = {s: a for s, v in ref.items() if (a := auc(v["points"], key)) is not None}
+            row["auc_" + key] = mean_std(mine.values())
+            row["auc_n_" + key] = len(mine)
+            row["vs_ref_auc_" + key] = vs_ref(mine, theirs)
+        rows[name] = row
+    return rows
+
+
+def eval_curves(rows, key):
+    """{name: {"iters", "median", "min", "max"}} of eval set `key`'s avg@k over seeds, at the
+    iterations every seed of the method has a point."""
+    out = {}
+    for name, row in rows.items():
+        pts = [dict((it, v.get(key)) for it, v in p) for p in row.get("points", {}).values() if p]
+        if not pts:
+            continue
+        iters = sorted(set.intersection(*({it for it, v in p.items() if v is not None} for p in pts)))
+        if iters:
+            out[name] = dict(iters=iters, n=len(pts), **{stat: [f([p[it] for p in pts]) for it in iters]
+                             for stat, f in (("median", statistics.median), ("min", min), ("max", max))})
     return out
 
 
@@ -441,6 +558,44 @@ def format_orderings(orders):
     return "\n".join(lines) + "\n"
 
 
+def main_key():
+    """The eval set of the one-column tables and the figure: the task's only set, or "all"."""
+    return EVAL_SETS[0] if len(EVAL_SETS) == 1 else "all"
+
+
+def format_speed(sp, rows, k, key):
+    """The learning-speed table: per method the iterations to a train reward of REWARD_TARGET, the area
+    under the held-out avg@k curve (its mean over training) and the final avg@k, each with its paired
+    difference against the reference and 95% interval."""
+    lines = [f"| method | n | iterations to train reward {REWARD_TARGET:g} | not reached | Δ iterations vs GRPO "
+             f"[95% CI] | avg@{k} over training (AUC) | Δ AUC vs GRPO [95% CI] | final avg@{k} | Δ final vs GRPO "
+             f"[95% CI] |", "|" + "---|" * 9]
+    for name in sorted(sp, key=lambda n: n != REFERENCE):
+        row, main = sp[name], rows.get(name, {})
+        if row["n"] == 0:
+            continue
+        ref = name == REFERENCE
+        cis = ["reference" if ref else _ci(p, row["n"]) if p else "-"
+               for p in (row["vs_ref_reach"], row["vs_ref_auc_" + key], main.get("vs_ref_" + key))]
+        auc_ms = _ms(row["auc_" + key]) + ("" if row["auc_n_" + key] in (0, row["n"]) else f" (n={row['auc_n_' + key]})")
+        label = f"**{_label(name)}**" if ref else _label(name)
+        lines.append(f"| {label} | {row['n']} | {_ms(row['reach'])} | {row['not_reached']} of {row['n']} | {cis[0]} | "
+                     f"{auc_ms} | {cis[1]} | {_ms(main.get(key, (None, None)))} | {cis[2]} |")
+    return "\n".join(lines) + "\n"
+
+
+def format_clip_by_mu(by_mu):
+    """Per method and mu bucket: the clipped share of the bucket's tokens (mean over seeds) and, in
+    brackets, the bucket's share of all response tokens, both in %."""
+    pct = lambda x, d: "-" if x is None else f"{100 * x:.{d}f}"
+    lines = ["| method | n | " + " | ".join(mu_buckets()) + " |", "|" + "---|" * (2 + len(mu_buckets()))]
+    for name in sorted(by_mu, key=lambda n: n != REFERENCE):
+        st = by_mu[name]
+        lines.append(f"| {_label(name)} | {st['n']} | " +
+                     " | ".join(f"{pct(c, 2)} ({pct(t, 1)})" for c, t in zip(st["clip"], st["token"])) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def machine(threads, jobs):
     cpu = platform.processor() or platform.machine()
     try:
@@ -458,23 +613,27 @@ def machine(threads, jobs):
 # ----------------------------------------------------------------------------------------------
 # figures: dynamics with a min-max band over seeds, and where each region clips by mu
 
-def histories(out, results):
-    """{name: [metrics rows of each finished seed]}"""
+def histories(out, results, by_seed=False):
+    """{name: [metrics rows of each finished seed]}, or {name: {seed: rows}} with by_seed"""
     hists = {}
     for r in results:
-        hists.setdefault(r["name"], []).append(read_metrics(os.path.join(run_dir(out, r["name"], r["seed"]),
-                                                                         "metrics.jsonl")))
+        rows = read_metrics(os.path.join(run_dir(out, r["name"], r["seed"]), "metrics.jsonl"))
+        if by_seed:
+            hists.setdefault(r["name"], {})[r["seed"]] = rows
+        else:
+            hists.setdefault(r["name"], []).append(rows)
     return hists
 
 
 def curves(hists):
-    """{name: {metric: {"mean", "min", "max"} over seeds, per iteration}} of reward and entropy,
+    """{name: {metric: {"mean", "median", "min", "max"} over seeds, per iteration}} of reward and entropy,
     over the iterations every seed reached."""
     out = {}
     for name, hs in hists.items():
         n = min(len(h) for h in hs)
         out[name] = {key: {stat: [f([h[i][key] for h in hs]) for i in range(n)]
-                           for stat, f in (("mean", statistics.mean), ("min", min), ("max", max))}
+                           for stat, f in (("mean", statistics.mean), ("median", statistics.median),
+                                           ("min", min), ("max", max))}
                      for key in ("reward_mean", "entropy")}
     return out
 
@@ -592,6 +751,90 @@ def plot_clip_by_mu(stats, path):
     plt.close(fig)
 
 
+def default_panel(k, folder=TASKS["default"]["out"],
+                  summary=os.path.join(TASKS["default"]["publish_dir"], "sweep.json")):
+    """The default task's curves for answer_prob.png's second panel, from what exists, in this order:
+    held-out avg@k ("all") from the eval_avg@k rows of the finished runs in `folder`, or from the
+    published `summary`'s eval_curves; else the train reward of `folder`'s runs (median over seeds),
+    or the summary's reward curves (its median if it has one, else its mean).
+    Returns dict(title, ylabel, curves={name: {"iters", "line", "min", "max"}}, line) or None."""
+    names = [n for n, _ in methods()]
+    results = finished(folder, names) if os.path.isdir(folder) else []
+    hists = histories(folder, results, by_seed=True)
+    sm = {}
+    if os.path.exists(summary):
+        with open(summary) as f:
+            sm = json.load(f)
+    as_panel = lambda ev: {n: dict(iters=c["iters"], line=c["median"], min=c["min"], max=c["max"])
+                           for n, c in ev.items()}
+    if any(f"eval_avg@{k}" in row for hs in hists.values() for h in hs.values() for row in h):
+        try:
+            with open(os.path.join(folder, "eval_start.json")) as f:
+                warm = json.load(f).get(f"avg@{k}")
+        except (OSError, json.JSONDecodeError):
+            warm = None
+        ev = eval_curves(speed(folder, results, hists, names, k, warm), "all")
+        return dict(title=f"default task ({folder}): held-out avg@{k}, all sets", ylabel=f"avg@{k} (%)",
+                    line="median", curves=as_panel(ev))
+    if sm.get("eval_curves"):
+        return dict(title=f"default task ({summary}): held-out avg@{sm.get('k', k)}, all sets",
+                    ylabel=f"avg@{sm.get('k', k)} (%)", line="median", curves=as_panel(sm["eval_curves"]))
+    if hists:
+        rew, src, stat = curves({n: list(h.values()) for n, h in hists.items()}), folder, "median"
+    else:
+        rew, src = sm.get("curves") or {}, summary
+        stat = "median" if all("median" in c["reward_mean"] for c in rew.values()) else "mean"
+    if not rew:
+        return None
+    pct = lambda xs: [100 * x for x in xs]
+    return dict(title=f"default task ({src}): TRAIN REWARD (batch mean),\nnot avg@{k}: no eval_avg@{k} rows there",
+                ylabel="train reward, batch mean (%)", line=stat,
+                curves={n: dict(iters=list(range(1, len(c["reward_mean"][stat]) + 1)), line=pct(c["reward_mean"][stat]),
+                                min=pct(c["reward_mean"]["min"]), max=pct(c["reward_mean"]["max"]))
+                        for n, c in rew.items()})
+
+
+def plot_answer_prob(ev, k, key, path, other=None):
+    """Per cell, the held-out avg@k against iteration (median over seeds, min-max band) on this task,
+    and beside it `other` (default_panel's) when given. One colour per method in both panels."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [dict(title=f"rare task: held-out {key} avg@{k} ≈ mean probability\nof the answer token",
+                   ylabel=f"avg@{k} (%)", line="median",
+                   curves={n: dict(iters=c["iters"], line=c["median"], min=c["min"], max=c["max"])
+                           for n, c in ev.items()})] + ([other] if other else [])
+    order = [n for n, _ in methods() if any(n in p["curves"] for p in panels)]
+    order = sorted(order, key=lambda n: n != REFERENCE)
+    if other and set(other["curves"]) & set(ev):      # the other task's curves of this sweep's methods only
+        other = dict(other, curves={n: c for n, c in other["curves"].items() if n in ev})
+        panels[1:] = [other]
+        order = [n for n in order if n in ev]
+    color = {REFERENCE: "black", **{n: f"C{i}" for i, n in enumerate(n for n in order if n != REFERENCE)}}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.6), squeeze=False)
+    handles = {}
+    for ax, p in zip(axes[0], panels):
+        for n in order:
+            c = p["curves"].get(n)
+            if not c:
+                continue
+            ax.fill_between(c["iters"], c["min"], c["max"], color=color[n], alpha=0.13, lw=0)
+            (h,) = ax.plot(c["iters"], c["line"], color=color[n], lw=1.8 if n == REFERENCE else 1.4,
+                           marker="o" if len(c["iters"]) <= 20 else None, ms=3)
+            handles[n] = h
+        ax.set_title(f"{p['title']}\n(line: {p['line']} over seeds, band: min-max)", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(p["ylabel"])
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+    fig.legend([handles[n] for n in order if n in handles], [_label(n) for n in order if n in handles],
+               loc="lower center", ncol=min(4, len(handles)) or 1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 4), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def warm_start(settings, out):
     """avg@k of the start model: <out>/eval_start.json, made once by eval.py with the runs'
     evaluation settings (choice 7). Returns (scores or None, the eval.py command)."""
@@ -611,17 +854,52 @@ def warm_start(settings, out):
 
 
 # ----------------------------------------------------------------------------------------------
-def report(out, settings, threads, jobs, invocations):
+def report(out, settings, threads, jobs, invocations, task="default"):
     """Tables, figures and sweep.json from every finished run in `out`; returns table.md's text."""
     all_names = [n for n, _ in methods()]
     results = finished(out, all_names)
     k = settings["train_args"]["eval_k"]
     warm, warm_cmd = warm_start(settings, out)
     rows, orders = aggregate(results, all_names, warm), orderings(results, all_names)
-    hists = histories(out, results)
+    hists_s = histories(out, results, by_seed=True)
+    hists = {n: list(h.values()) for n, h in hists_s.items()}
     curv, by_mu = curves(hists), clip_by_mu(hists)
+    key = main_key()
+    sp = speed(out, results, hists_s, all_names, k, warm)
+    ev = eval_curves(sp, key)
     plot_dynamics(curv, os.path.join(out, "dynamics.png"))
     plot_clip_by_mu(by_mu, os.path.join(out, "clip_by_mu.png"))
+    figures = ""
+    if task != "default":
+        if ev:
+            other = default_panel(k)
+            plot_answer_prob(ev, k, key, os.path.join(out, "answer_prob.png"), other)
+            figures = (f", answer_prob.png (held-out {key} avg@{k} against iteration per method, median and "
+                       f"min-max band over seeds; beside it " + (other["title"].replace("\n", " ") if other else
+                       "nothing: no default sweep found") + ")")
+        else:
+            figures = f" (no answer_prob.png: no run has eval_avg@{k} rows; run with --eval_every N)"
+    speed_md = ""
+    if task != "default" or ev:
+        grid = next(iter(ev.values()))["iters"] if ev else []
+        grid_txt = ", ".join(map(str, grid)) if len(grid) <= 8 else f"{grid[0]}, {grid[1]}, …, {grid[-1]}"
+        speed_md = (f"\n## Learning speed: {key}\n\nIterations to a train reward of {REWARD_TARGET:g}: the first "
+                    f"iteration whose metrics row has reward_mean ≥ {REWARD_TARGET:g} (the batch's mean reward, "
+                    f"on training prompts); a run that never gets there counts as its last iteration + 1, and "
+                    f"\"not reached\" says how many did not, so those means are lower bounds. AUC: the held-out "
+                    f"avg@{k} curve over iterations {grid_txt or '(none: no eval_avg@' + str(k) + ' rows)'} "
+                    f"(0: the warm start, eval_start.json; then the eval_avg@{k} rows of metrics.jsonl, "
+                    f"train.py --eval_every, the last from eval.json if its row has none), its trapezoid area "
+                    f"divided by the span of iterations: the mean avg@{k} over training. Final: avg@{k} after "
+                    f"the last iteration (eval.json), as in the table above. Δ: paired against tv-mc (GRPO), "
+                    f"95% t interval, ✱ as above; fewer iterations (Δ < 0) is faster.\n\n"
+                    + format_speed(sp, rows, k, key))
+    clip_md = ""
+    if by_mu:
+        clip_md = ("\n## Where each region clips, by behaviour probability mu\n\nPer method and mu bucket of "
+                   "the training batches' response tokens: the clipped share of the bucket's tokens in % (pooled "
+                   "over iterations, mean over seeds) and, in brackets, the bucket's share of all response tokens "
+                   "in % (mean over iterations and seeds).\n\n" + format_clip_by_mu(by_mu))
     regions = os.path.join(out, "regions.png")
     if not os.path.exists(regions):
         with open(os.path.join(out, "regions.txt"), "w") as f:
@@ -653,6 +931,7 @@ def report(out, settings, threads, jobs, invocations):
             f"this budget when it contains 0 (or fewer than 2 paired seeds); identical regions give a tie.\n\n"
             + format_orderings(orders) +
             f"\n## Per seed: Δ vs GRPO, {' / '.join(map(_short, EVAL_SETS))}\n\n" + format_per_seed(rows) +
+            speed_md + clip_md +
             f"\nMachine: {mach['cpu']}, {mach['cores']} cores, GPU {mach['gpu'] or 'none'}, torch threads "
             f"{mach['torch_threads']} per run.\n"
             f"Wall time: {len(results)} finished runs took {run_s / 60:.1f} min summed "
@@ -663,12 +942,13 @@ def report(out, settings, threads, jobs, invocations):
             f"\nFigures: dynamics.png (reward and entropy against iteration, mean and min-max band over "
             f"seeds), clip_by_mu.png (clipped share of each behaviour-probability bucket's tokens, per "
             f"cell, next to the bucket's token share), regions.png (every cell's proximal region "
-            f"against mu).\n")
+            f"against mu){figures}.\n")
     Path(out, "table.md").write_text(text)
     write_json_atomic(os.path.join(out, "sweep.json"), dict(
         settings=settings, k=k, machine=mach, invocations=invocations, run_wall_s_sum=run_s,
         warm_start=warm, warm_start_cmd=warm_cmd, rows=rows, orderings=orders, clip_by_mu=by_mu,
-        mu_buckets=mu_buckets(), curves=curv,
+        mu_buckets=mu_buckets(), curves=curv, reward_target=REWARD_TARGET, eval_curve_key=key, eval_curves=ev,
+        speed={n: r for n, r in sp.items() if r["n"]},
         runs=[{key: r[key] for key in ("name", "seed", "eval", "final", "iters", "wall_s",
                                        "iter_s_mean", "other_s", "threads")} for r in results]))
     return text
@@ -741,11 +1021,13 @@ def main():
             f.write(json.dumps(dict(command=command, ran=len(pending) - len(failed), failed=len(failed),
                                     jobs=args.jobs, wall_s=time.time() - t0,
                                     at=time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)))) + "\n")
-    text = report(args.out, settings, threads, args.jobs, read_metrics(invocations) if os.path.exists(invocations) else [])
+    text = report(args.out, settings, threads, args.jobs, read_metrics(invocations) if os.path.exists(invocations) else [],
+                  args.task)
     print(text, flush=True)
     if args.publish:
         os.makedirs(args.publish_dir, exist_ok=True)
-        for f in ("table.md", "sweep.json", "dynamics.png", "clip_by_mu.png", "regions.png", "regions.txt"):
+        for f in ("table.md", "sweep.json", "dynamics.png", "clip_by_mu.png", "answer_prob.png", "regions.png",
+                  "regions.txt"):
             if os.path.exists(os.path.join(args.out, f)):
                 shutil.copy(os.path.join(args.out, f), os.path.join(args.publish_dir, f))
         print(f"published to {args.publish_dir}")

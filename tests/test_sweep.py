@@ -353,3 +353,192 @@ def test_task_rare_runs_on_data_tiny_rare(tmp_path):
         sweep.EVAL_SETS = ("tiny-math", "tiny-code")
     head, sep, warm = table.splitlines()[:3]
     assert head.count("|") == sep.count("|") == warm.count("|") == 8 and "tiny-rare-math avg@8" in head
+
+
+# ----------------------------------------------------------------------------------------------
+# learning speed (choice 8): iterations to a train reward, area under the held-out avg@k curve
+
+def test_iters_to_reward_first_crossing_and_never_reached():
+    hist = [dict(iter=i + 1, reward_mean=r) for i, r in enumerate([0.1, 0.49, 0.5, 0.3, 0.7])]
+    assert sweep.iters_to_reward(hist) == (3, True)                       # >= 0.5: 0.5 itself counts
+    assert sweep.iters_to_reward(hist, target=0.6) == (5, True)
+    assert sweep.iters_to_reward(hist, target=0.8) == (6, False)          # never: last iteration + 1
+    assert sweep.iters_to_reward(hist[:2]) == (3, False)
+    assert sweep.iters_to_reward([]) == (1, False)
+    assert sweep.REWARD_TARGET == 0.5
+
+
+def test_auc_is_the_trapezoid_mean_over_the_span():
+    # 0 -> 10 -> 20 -> 30 at 4, 20, 40, 40: areas 120 + 300 + 400 = 820 over 30 iterations
+    pts = [(0, {"a": 4.0}), (10, {"a": 20.0}), (20, {"a": 40.0}), (30, {"a": 40.0, "b": 1.0})]
+    assert math.isclose(sweep.auc(pts, "a"), 820 / 30)
+    assert sweep.auc(pts, "b") is None                                    # one point is no curve
+    assert sweep.auc([(0, {"a": 4.0}), (60, {"a": 64.0})], "a") == 34.0   # a straight line: its midpoint
+    assert sweep.auc([(10, {"a": 5.0}), (20, {"a": 5.0})], "a") == 5.0    # a flat curve: its value
+    assert sweep.auc([], "a") is None
+
+
+def test_eval_points_from_warm_start_rows_and_eval_json():
+    rows = [dict(iter=i, reward_mean=0.0) for i in range(1, 26)]
+    for i, v in ((10, 20.0), (20, 40.0)):
+        rows[i - 1]["eval_avg@8"] = {"x": v}
+    pts = sweep.eval_points(rows, 8, start={"x": 4.0}, final={"x": 50.0})
+    assert pts == [(0, {"x": 4.0}), (10, {"x": 20.0}), (20, {"x": 40.0}), (25, {"x": 50.0})]   # eval.json at 25
+    rows[-1]["eval_avg@8"] = {"x": 48.0}                                  # the last row has its own score
+    assert sweep.eval_points(rows, 8, start={"x": 4.0}, final={"x": 50.0})[-1] == (25, {"x": 48.0})
+    assert sweep.eval_points(rows, 16, start={"x": 4.0}, final={"x": 50.0}) == []   # other k: no rows
+    assert sweep.eval_points(rows[:5], 8, start={"x": 4.0}, final={"x": 50.0}) == []  # no --eval_every: no curve
+
+
+RARE = ("tiny-rare-math",)
+
+
+def rare_metrics(rewards, evals, k=8):
+    """metrics.jsonl rows: one per reward, eval_avg@k every 10 iterations from `evals` (10, 20, ...)."""
+    rows = [dict(iter=i + 1, reward_mean=r, entropy=0.1, time_iter_s=2.0, token_frac_by_mu=[0.01, 0.02, 0.07, 0.9],
+                 clip_frac_by_mu=[0.5, 0.3, 0.01, 0.0]) for i, r in enumerate(rewards)]
+    for j, v in enumerate(evals):
+        rows[10 * (j + 1) - 1][f"eval_avg@{k}"] = {"tiny-rare-math": v, "all": v}
+    return rows
+
+
+def rare_sweep(out, settings):
+    """tv-mc and kl-atomic at seeds 0-2, 30 iterations, scored at 10, 20, 30; kl-atomic reaches a
+    reward of 0.5 at 5, 6, 7 where tv-mc does at 20, 25 and never; warm start 4%."""
+    ramp = lambda at: [0.1] * (at - 1) + [0.5] + [0.6] * (30 - at)
+    runs = {("tv-mc", 0): (ramp(20), [10.0, 40.0, 70.0]), ("tv-mc", 1): (ramp(25), [10.0, 30.0, 60.0]),
+            ("tv-mc", 2): ([0.2] * 30, [8.0, 12.0, 20.0]),
+            ("kl-atomic", 0): (ramp(5), [40.0, 70.0, 80.0]), ("kl-atomic", 1): (ramp(6), [30.0, 60.0, 70.0]),
+            ("kl-atomic", 2): (ramp(7), [20.0, 50.0, 60.0])}
+    for (name, s), (rew, ev) in runs.items():
+        res = dict(name=name, seed=s, settings=settings, threads=None, cmd=[],
+                   eval={"tiny-rare-math": ev[-1], "all": ev[-1]}, final={"entropy": 0.1, "reward_mean": rew[-1]},
+                   iters=30, wall_s=10.0, iter_s_mean=2.0, other_s=6.0)
+        write(out, res, rare_metrics(rew, ev))
+    return runs
+
+
+def test_speed_pairs_iterations_and_auc_against_grpo(tmp_path):
+    out = str(tmp_path)
+    try:
+        sweep.EVAL_SETS = RARE
+        settings = sweep.make_settings("m", "d", ["--train_data", "tiny-rare-math", "--eval_every", "10"])
+        rare_sweep(out, settings)
+        results = sweep.finished(out, NAMES)
+        sp = sweep.speed(out, results, sweep.histories(out, results, by_seed=True), NAMES, 8,
+                         warm={"tiny-rare-math": 4.0, "all": 4.0})
+        ev = sweep.eval_curves(sp, "tiny-rare-math")
+    finally:
+        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+    grpo, kl = sp["tv-mc"], sp["kl-atomic"]
+    assert grpo["n"] == kl["n"] == 3 and grpo["not_reached"] == 1 and kl["not_reached"] == 0
+    assert grpo["reach"][0] == (20 + 25 + 31) / 3                        # never reached: 30 + 1
+    d = kl["vs_ref_reach"]                                               # 5 - 20, 6 - 25, 7 - 31
+    assert d["per_seed"] == {0: -15, 1: -19, 2: -24}
+    assert (d["n"], d["mean"], d["lo"], d["hi"]) == sweep.paired({0: 5, 1: 6, 2: 7}, {0: 20, 1: 25, 2: 31})
+    assert d["distinguishable"]
+    # AUC of tv-mc seed 0: 0 -> 10 -> 20 -> 30 at 4, 10, 40, 70: (70 + 250 + 550) / 30
+    assert math.isclose(sweep.auc(grpo["points"][0], "tiny-rare-math"), 870 / 30)
+    a = {s: sweep.auc(p, "tiny-rare-math") for s, p in kl["points"].items()}
+    b = {s: sweep.auc(p, "tiny-rare-math") for s, p in grpo["points"].items()}
+    assert kl["vs_ref_auc_tiny-rare-math"]["mean"] == pytest.approx(sweep.paired(a, b)[1])
+    assert kl["auc_n_tiny-rare-math"] == 3 and kl["auc_tiny-rare-math"][0] == pytest.approx(sum(a.values()) / 3)
+    assert sp["gspo"]["n"] == 0 and sp["gspo"]["vs_ref_reach"]["mean"] is None
+    # the figure's curve: median and min-max over seeds at 0, 10, 20, 30
+    assert ev["tv-mc"]["iters"] == [0, 10, 20, 30] and ev["tv-mc"]["median"] == [4.0, 10.0, 30.0, 60.0]
+    assert ev["tv-mc"]["min"][3] == 20.0 and ev["kl-atomic"]["max"][1] == 40.0 and ev["kl-atomic"]["n"] == 3
+    assert set(ev) == {"tv-mc", "kl-atomic"}
+    # the table: the reference first, n not reached, paired intervals
+    sweep.EVAL_SETS = RARE
+    try:
+        rows = sweep.aggregate(results, NAMES, warm={"tiny-rare-math": 4.0})
+        lines = sweep.format_speed(sp, rows, 8, "tiny-rare-math").splitlines()
+    finally:
+        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+    assert "iterations to train reward 0.5" in lines[0] and lines[0].count("|") == lines[1].count("|") == 10
+    assert lines[2].startswith("| **tv-mc (GRPO / PPO)** | 3 | 25.3 ± 5.5 | 1 of 3 | reference |")
+    assert lines[3].startswith("| kl-atomic | 3 | 6.0 ± 1.0 | 0 of 3 | -19.3 [") and "✱" in lines[3].split(" | ")[4]
+    assert len(lines) == 4                                               # methods not run are left out
+
+
+def test_eval_every_and_target_kl_pass_through_and_are_settings(tmp_path):
+    flags, threads = sweep.split_passthrough(["--target_kl", "0", "--eval_every=10"])
+    assert flags == ["--target_kl", "0", "--eval_every", "10"] and threads is None
+    st = sweep.make_settings("m", "d", flags)
+    assert st["train_args"]["target_kl"] == 0 and st["train_args"]["eval_every"] == 10
+    # runs scored at other iterations (or not at all) are not mixed into the same table
+    assert sweep.changed(st, sweep.make_settings("m", "d", ["--target_kl", "0"])) == ["--eval_every 10 (now 0)"]
+    assert sweep.changed(st, sweep.make_settings("m", "d", ["--eval_every", "10"])) == ["--target_kl 0.0 (now 0.05)"]
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--task", "rare", "--dry_run",
+                           "--out", str(tmp_path / "s"),
+                           "--seeds", "0-4", "--only", "grpo,dapo,kl-atomic,dppo,ripo,dgpo", "--target_kl", "0",
+                           "--eval_every", "10", "--jobs", "2"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "30 of 30 runs to do, 2 at a time" in proc.stdout
+    tail = "--threads 1 --train_data tiny-rare-math --target_kl 0 --eval_every 10"
+    assert proc.stdout.splitlines()[-1].endswith(tail)
+
+
+def test_default_panel_reads_what_exists(tmp_path):
+    """answer_prob.png's second panel: the default sweep's eval_avg@k rows, else its train reward
+    (run folders first, then the published sweep.json); None when there is neither."""
+    assert sweep.default_panel(8, folder=str(tmp_path / "none"), summary=str(tmp_path / "none.json")) is None
+    summary = tmp_path / "sweep.json"
+    summary.write_text(json.dumps({"k": 8, "curves": {"tv-mc": {"reward_mean": {
+        "mean": [0.25, 0.5], "min": [0.2, 0.4], "max": [0.3, 0.6]}}}}))
+    p = sweep.default_panel(8, folder=str(tmp_path / "none"), summary=str(summary))
+    assert "TRAIN REWARD" in p["title"] and p["line"] == "mean"
+    assert p["curves"]["tv-mc"] == dict(iters=[1, 2], line=[25.0, 50.0], min=[20.0, 40.0], max=[30.0, 60.0])
+    folder = tmp_path / "sweep"                                           # run folders win over the summary
+    synthetic_sweep(str(folder))                                          # no eval rows: train reward, median
+    p = sweep.default_panel(8, folder=str(folder), summary=str(summary))
+    assert "TRAIN REWARD" in p["title"] and p["line"] == "median"
+    assert set(p["curves"]) == {"tv-mc", "tv-atomic", "kl-atomic"}
+    assert p["curves"]["tv-mc"]["line"][0] == pytest.approx(35.0)
+    rows = rare_metrics([0.3] * 20, [30.0, 50.0])                        # with eval rows: avg@k ("all")
+    write(str(folder), fake("tv-mc", 0, 50.0, 50.0), rows)
+    (folder / "eval_start.json").write_text(json.dumps({"avg@8": {"all": 10.0}}))
+    p = sweep.default_panel(8, folder=str(folder), summary=str(summary))
+    assert "avg@8" in p["title"] and "TRAIN" not in p["title"]
+    assert p["curves"]["tv-mc"]["iters"] == [0, 10, 20] and p["curves"]["tv-mc"]["line"] == [10.0, 30.0, 50.0]
+    # a published summary with eval curves wins over run folders without eval rows
+    summary.write_text(json.dumps({"k": 8, "eval_curves": {"kl-atomic": dict(iters=[0, 10], n=2, median=[5.0, 9.0],
+                                                                              min=[5.0, 8.0], max=[5.0, 10.0])}}))
+    p = sweep.default_panel(8, folder=str(tmp_path / "sweep2"), summary=str(summary))
+    assert "avg@8" in p["title"] and p["curves"]["kl-atomic"]["line"] == [5.0, 9.0]
+
+
+def test_report_of_a_finished_rare_sweep(tmp_path):
+    """--task rare on a finished folder: the learning-speed and clip-by-mu sections in table.md, the
+    same numbers in sweep.json, answer_prob.png drawn and published."""
+    out = tmp_path / "sweep"
+    extra = ["--iters", "30", "--target_kl", "0", "--eval_every", "10"]
+    try:
+        sweep.EVAL_SETS = RARE
+        settings = sweep.make_settings("m", "d", ["--train_data", "tiny-rare-math"] + extra)
+    finally:
+        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+    rare_sweep(str(out), settings)
+    (out / "eval_start.json").write_text(json.dumps({"avg@8": {"tiny-rare-math": 4.0, "all": 4.0}}))
+    (out / "regions.png").write_bytes(b"")
+    pub = tmp_path / "pub"
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--task", "rare", "--out", str(out), "--model", "m",
+                           "--data_dir", "d", "--only", "grpo,kl-atomic", "--seeds", "0-2", *extra, "--publish",
+                           "--publish_dir", str(pub)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    table = (out / "table.md").read_text()
+    assert "## Learning speed: tiny-rare-math" in table and "over iterations 0, 10, 20, 30 (0: the warm start" in table
+    assert "| **tv-mc (GRPO / PPO)** | 3 | 25.3 ± 5.5 | 1 of 3 | reference |" in table
+    assert "| kl-atomic | 3 | 6.0 ± 1.0 | 0 of 3 | -19.3 [" in table
+    assert "## Where each region clips, by behaviour probability mu" in table
+    assert "| kl-atomic | 3 | 50.00 (1.0) | 30.00 (2.0) | 1.00 (7.0) | 0.00 (90.0) |" in table
+    assert "answer_prob.png (held-out tiny-rare-math avg@8" in table
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["reward_target"] == 0.5 and summary["eval_curve_key"] == "tiny-rare-math"
+    assert set(summary["speed"]) == {"tv-mc", "kl-atomic"} and summary["speed"]["tv-mc"]["not_reached"] == 1
+    assert summary["eval_curves"]["kl-atomic"]["iters"] == [0, 10, 20, 30]
+    assert sorted(os.listdir(pub)) == ["answer_prob.png", "clip_by_mu.png", "dynamics.png", "regions.png",
+                                       "sweep.json", "table.md"]
+    assert (pub / "answer_prob.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -184,9 +184,14 @@ def test_bf16_engine_on_an_fp32_folder_loads_quietly_what_a_bf16_folder_holds(ti
 def test_train_two_iterations_end_to_end(tiny, tmp_path):
     out = tmp_path / "run"
     ok(run([PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--iters", "2",
-            "--prompts_per_iter", "8", "--prompts_per_update", "4", "--out_dir", str(out)])[0])
+            "--prompts_per_iter", "8", "--prompts_per_update", "4", "--out_dir", str(out),
+            "--eval_data", "tiny-math", "--eval_k", "2", "--eval_every", "2"])[0])
     rows = metrics(out)
     assert [r["iter"] for r in rows] == [1, 2]
+    # --eval_every 2: iteration 2's row holds the held-out score of its weights, which are the final
+    # ones, so it equals the end-of-run evaluation (same engine, same seed)
+    assert "eval_avg@2" not in rows[0] and (out / "eval_iter_000002.json").is_file()
+    assert rows[1]["eval_avg@2"] == json.load(open(out / "eval.json"))["avg@2"]
     for r in rows:
         for k in REQUIRED_METRICS:
             assert k in r, f"metrics.jsonl lacks {k!r}"
