@@ -77,8 +77,8 @@ def estimate(log_r, log_mu, divergence, estimator):
         if est is binary:                                               # only binary reads the complement
             mu_c = -torch.expm1(log_mu)                                 # 1 - mu, exact near mu = 1
             pi_c = -torch.expm1((log_mu + log_r).clamp(max=0))          # 1 - pi
-            r_c = torch.where(mu_c > 0, pi_c / mu_c, 1.0)               # mu = 1: no complement, f(1) = 0
-        return est(f, log_r.exp(), mu, r_c, mu_c).abs()
+            r_c = (pi_c / mu_c).nan_to_num_(1.0, 1.0, 1.0)           # mu = 1 (0/0, x/0): no complement, f(1) = 0
+        return est(f, log_r.exp(), mu, r_c, mu_c).abs_()
 
 
 def default_delta(divergence, r_min=0.8):
@@ -162,20 +162,23 @@ def _reinforce(weight, log_x):
 def _stats(valid, log_r, old, d=None, **clipped):
     """Python floats over the valid tokens: the STATS (masks in `clipped`: name -> (B, T) bool; missing
     ones are 0) and the BY_MU lists, bucketed by mu. d = |D(r)| for div_mean, capped at 1e6 (kl-binary
-    is infinite at pi = 1)."""
+    is infinite at pi = 1). Off the mask _prepare made log r = log mu = 0, so r - 1, k3 and D are 0
+    there and their plain sums are sums over the valid tokens."""
     with torch.no_grad():
         n = valid.sum().clamp(min=1)
-        log_r, log_mu = log_r.detach()[valid], old[valid]              # (N,): the valid tokens only
-        r, zero = log_r.exp(), log_r.new_zeros(())
+        log_r = log_r.detach()
+        r = log_r.exp()
+        zero = log_r.new_zeros(())
         values = [(clipped[k] & valid).sum() / n if k in clipped else zero for k in STATS[:5]] + [
-            r.sum() / n, r.max() if r.numel() else zero,
-            zero if d is None else d[valid].clamp(max=1e6).sum() / n,
+            1 + (r - 1).sum() / n, torch.where(valid, r, 0).amax() if r.numel() else zero,
+            zero if d is None else d.clamp(max=1e6).sum() / n,
             (r - 1 - log_r).sum() / n]                                 # kl_k3: k3 estimate of KL(mu || pi)
-        bucket = sum((log_mu >= math.log(e)).long() for e in MU_EDGES)   # 0: mu < 0.01, ..., 3: mu >= 0.5
         k = len(MU_EDGES) + 1
-        in_bucket = torch.bincount(bucket, minlength=k)
-        clip = clipped.get("clip_frac", torch.zeros_like(valid))[valid]
-        clipped_in_bucket = torch.bincount(bucket[clip], minlength=k)
+        bucket = sum((old >= math.log(e)).to(torch.uint8) for e in MU_EDGES)   # 0: mu < 0.01, ..., 3: mu >= 0.5
+        bucket[~valid] = k                                             # padding in a bucket of its own
+        in_bucket = torch.bincount(bucket.flatten(), minlength=k + 1)[:k]
+        clip = clipped.get("clip_frac", torch.zeros_like(valid)) & valid
+        clipped_in_bucket = torch.bincount(bucket[clip], minlength=k + 1)[:k]
         v = torch.cat([torch.stack([x.float() for x in values]), (in_bucket / n).float(),
                        (clipped_in_bucket / in_bucket.clamp(min=1)).float()]).tolist()   # one device sync
     return {**dict(zip(STATS, v[:len(STATS)])), "token_frac_by_mu": v[len(STATS):len(STATS) + k],

@@ -79,8 +79,11 @@ def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, opt
     assert a["updates"] == b["updates"] >= 1          # a mini-batch whose samples all drop takes no step
     for k in ("reward_mean", "response_len", "kept_frac", "truncated_frac"):
         assert a[k] == b[k], f"{k}: 1 process {a[k]}, 2 processes {b[k]}"
-    for k in ("entropy", "grad_norm", "clip_frac", "ratio_mean", "div_mean", "kl_k3"):
+    for k in ("entropy", "grad_norm", "clip_frac", "ratio_mean", "kl_k3"):
         assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-9), f"{k}: 1 process {a[k]}, 2 processes {b[k]}"
+    # div_mean (kl-atomic: mean mu |log r|) is linear in how far the steps so far moved the policy, and
+    # those steps differ by ~1e-4 of the update between the two (below): measured 6.7e-5 relative
+    assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4), (a["div_mean"], b["div_mean"])
     one, two_ = update_of(tmp_path / "one", tiny), update_of(tmp_path / "two", tiny)
     diff, rel = (one - two_).abs().max().item(), ((one - two_).norm() / one.norm()).item()
     # Measured: plain max |diff| 3.4e-6, relative 7.3e-5; drop+mask (uneven micro-batch counts, fillers)
