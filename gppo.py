@@ -74,10 +74,10 @@ def estimate(log_r, log_mu, divergence, estimator):
         mu = r_c = mu_c = None                                          # what an estimator does not read
         if est is not mc:
             mu = log_mu.exp()
-        if est is binary:                                               # only binary reads the complement
-            mu_c = -torch.expm1(log_mu)                                 # 1 - mu, exact near mu = 1
-            pi_c = -torch.expm1((log_mu + log_r).clamp(max=0))          # 1 - pi
-            r_c = (pi_c / mu_c).nan_to_num_(1.0, 1.0, 1.0)           # mu = 1 (0/0, x/0): no complement, f(1) = 0
+        if est is binary:   # only binary reads the complement; in place: each fresh (B, T) float64 costs page faults
+            mu_c = torch.expm1(log_mu).neg_()                           # 1 - mu, exact near mu = 1
+            pi_c = (log_mu + log_r).clamp_(max=0).expm1_().neg_()       # 1 - pi
+            r_c = pi_c.div_(mu_c).nan_to_num_(1.0, 1.0, 1.0)            # mu = 1 (0/0, x/0): no complement, f(1) = 0
         return est(f, log_r.exp(), mu, r_c, mu_c).abs_()
 
 
