@@ -82,8 +82,10 @@ def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, opt
     for k in ("entropy", "grad_norm", "clip_frac", "ratio_mean", "kl_k3"):
         assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-9), f"{k}: 1 process {a[k]}, 2 processes {b[k]}"
     # div_mean (kl-atomic: mean mu |log r|) is linear in how far the steps so far moved the policy, and
-    # those steps differ by ~1e-4 of the update between the two (below): measured 6.7e-5 relative
-    assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4), (a["div_mean"], b["div_mean"])
+    # those steps differ by ~1e-4 of the update between the two (below): measured 6.7e-5 relative. Where
+    # no step moved it yet, |log r| is the forward pass's float32 noise (~1e-7: another batch layout),
+    # so div_mean is ~5e-9 on both sides and only an absolute bound says anything (measured 8.8e-10 apart)
+    assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4, abs_tol=1e-8), (a["div_mean"], b["div_mean"])
     one, two_ = update_of(tmp_path / "one", tiny), update_of(tmp_path / "two", tiny)
     diff, rel = (one - two_).abs().max().item(), ((one - two_).norm() / one.norm()).item()
     # Measured: plain max |diff| 3.4e-6, relative 7.3e-5; drop+mask (uneven micro-batch counts, fillers)
