@@ -14,7 +14,7 @@
 #
 # Embedded default (2-core CPU, no GPU, no hub): the committed warm-start model data/tiny/model
 # (data/prepare.py --force rebuilds it), 60 iterations of 64 prompts x 8 completions and two
-# evaluations. Whole command: 274-421 s on a 2-core Intel Xeon (across days), 384 s (about 6 s per
+# evaluations. Whole command: 274-421 s on a 2-core Intel Xeon (across days), 254-384 s (4-6 s per
 # iteration) on a 2-core AMD EPYC (README "Results"). smollm2 (configs/smollm2_cpu.args, 40
 # iterations): about 22 min on the Xeon (29.6 s per iteration), 44 min on the EPYC (57 s: it has
 # AVX-512 BF16 but no AMX).
