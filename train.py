@@ -380,7 +380,7 @@ class UpdateLog:
         self.gap = [0.0, 0]                               # |trainer - vLLM| log-prob sum and count (mu_source vllm)
         self.step = [0.0, 0.0]                            # this step's k3 KL sum and token count
 
-    def add(self, st, lp, old_lp, ent, mask, kl_ref=0.0):
+    def add(self, st, lp, old_lp, ent, mask, kl_ref=0.0, measure_gap=False):
         w = mask.sum().item()
         for k in gppo.STATS:
             self.sums[k] = max(self.sums[k], st[k]) if k == "ratio_max" else self.sums[k] + st[k] * w
@@ -391,7 +391,7 @@ class UpdateLog:
         self.sums["kl_ref"] += kl_ref
         self.sums["n_tok"] += w
         self.step = [self.step[0] + st["kl_k3"] * w, self.step[1] + w]
-        if not self.norms:      # no step taken yet: pi is still the sampler's weights
+        if measure_gap and not self.norms:   # mu_source vllm, no step taken yet: pi is the sampler's weights
             self.gap = [self.gap[0] + ((lp - old_lp).abs() * mask).sum().item(), self.gap[1] + w]
 
     def step_kl(self, acc):
@@ -435,7 +435,7 @@ def update(args, acc, model, opt, ref_model, batch, old, tis, adv, keep, batches
                         loss = loss + penalty
                     acc.backward(loss)
                 if idx is not None:
-                    log.add(st, lp.detach(), old_lp, ent, mask, kl_ref)
+                    log.add(st, lp.detach(), old_lp, ent, mask, kl_ref, measure_gap=args.mu_source == "vllm")
             kl = log.step_kl(acc)
             if args.target_kl and kl > args.target_kl:   # choice 5: drifted too far, skip the rest
                 opt.zero_grad(set_to_none=True)
