@@ -59,7 +59,7 @@ if sys.argv[1] == "c":
                     for k, v in d["rows"].items()))
 else:
     ms = [v["ms"] for v in d["rows"].values() if v["grid"]]
-    print(f"12 cells {min(ms):.2f}-{max(ms):.2f} ms per forward+backward, median {d['summary']['grid_ratio_median']:.2f}x "
+    print(f"12 cells {min(ms):.2f}-{max(ms):.2f} ms per forward+backward, median {d['summary']['grid']['ratio_median']:.2f}x "
           f"plain PPO clip ({statistics.median(v['ppo_ms'] for v in d['rows'].values()):.2f} ms)")
 EOF
 }

@@ -401,6 +401,7 @@ def test_region_decisions_match_float64_reference(div, est):
     old = log_mu[:, None].expand(len(log_mu), len(log_r)).float().contiguous()
     lr = log_r[None, :].expand_as(old).float()
     lr = (torch.minimum(lr, -old) if est == "binary" else lr).contiguous()   # binary: pi <= 1
+    assert old.numel() > 4 * gppo.ESTIMATE_CHUNK                       # estimate's chunk seams are crossed too
     outside = ~(gppo.estimate(lr, old, div, est) <= delta)
     assert torch.equal(outside, reference_outside(div, est, lr, old, delta))
 
