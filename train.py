@@ -539,6 +539,7 @@ def save_checkpoint(args, acc, ckpt_dir, it):
         shutil.rmtree(path + ".tmp", ignore_errors=True)
     acc.wait_for_everyone()
     acc.save_state(path + ".tmp")
+    acc.wait_for_everyone()                          # every rank's files (its RNG state, shards) are written
     if acc.is_main_process:
         with open(os.path.join(path + ".tmp", "trainer_state.json"), "w") as f:
             json.dump({"iter": it, "args": {k: v for k, v in vars(args).items() if k != "cell"}}, f)
@@ -617,6 +618,23 @@ def behaviour_logprobs(args, model, batch, pad_id, device):
     return old, tis, gap
 
 
+def fsdp_on_the_cpu(acc):
+    """An FSDP launch config on the CPU (configs/accelerate_fsdp_cpu.yaml) really shards. accelerate 1.16
+    makes a launch FSDP only on accelerators and silently trains plain data parallel on the CPU
+    (state.py skips MULTI_CPU; the checkpoints come out unsharded), though torch's fully_shard runs
+    over gloo. So the FSDP path is switched on by hand, as accelerate itself would on a GPU: the
+    shared state's distributed type (read by prepare, save_state, load_state) and the plugin, built
+    from the launch's FSDP_* variables."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    if acc.distributed_type != DistributedType.MULTI_CPU or os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+        return
+    PartialState._shared_state["distributed_type"] = acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = FullyShardedDataParallelPlugin()
+    if acc.mixed_precision != "no":
+        acc.state.fsdp_plugin.set_mixed_precision(acc.mixed_precision)
+
+
 def setup(args):
     """Accelerator, data (checked first: a bad row fails before any model loads), policy and
     optimizer, reference model, rollout engine. Returns them in one namespace."""
@@ -629,6 +647,7 @@ def setup(args):
     from eval import load_rows
     from rollout import make_engine
     acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=args.mixed_precision)
+    fsdp_on_the_cpu(acc)
     if torch.cuda.is_available():
         # --head_precision tf32 (the CUDA default): float32 matmuls run on TF32 tensor cores for the
         # whole run. Under bf16 autocast (the GPU presets) the LM head of the log-probs is the only
