@@ -137,8 +137,10 @@ def test_fsdp2_two_processes_shard_checkpoint_resume_and_match_one_process(tiny,
     # engine after weight_buckets gathered the shards into it; the trainer's log-probs of those samples
     # equal vLLM's only if the engine holds the full, trained weights
     synced = fsdp("sync", "--iters", "2", "--resume", str(ckpt), "--resume_with_changes")
+    assert "resumed from" in synced.stdout + synced.stderr
     gap = metrics(tmp_path / "sync")[0]["logp_gap_vllm"]
-    assert "resumed from" in synced.stdout + synced.stderr and gap < 1e-6, gap
+    # Measured: 1.7e-8 (float32 noise); with sync_weights a no-op (the engine kept the start weights) 3.3e-4
+    assert gap < 1e-6, f"mean |trainer - vLLM| log-prob {gap:.3g}: the engine does not hold the trained weights"
 
 
 def uniform_groups(tiny, saved, G=8):
