@@ -348,6 +348,7 @@ class HFRollout:
             out = model.generate(ids.to(device), attention_mask=attn.to(device), do_sample=True,
                                  temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_tokens,
                                  eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
+                                 cache_implementation="static",   # preallocated: no torch.cat of the KV cache per step
                                  output_scores=True, return_dict_in_generate=True, synced_gpus=_sharded(self.policy))
         gen = out.sequences[:, L:]                                            # (N, T), T <= max_tokens
         # one (N, V) score tensor per step; the log-softmax is taken a step at a time (no (N, T, V) copy)
