@@ -13,10 +13,11 @@ declare -A CMD=(
   [logprob]="bench/bench_logprob.py"
   [levers]="bench/bench_levers.py"
   [objective]="bench/bench_objective.py"
+  [rollout]="bench/bench_rollout.py"
   [scaling]="bench/bench_scaling.py --threads 1"
 )
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(trl trl_smollm2 breakdown levers logprob objective scaling)
+[ ${#names[@]} -eq 0 ] && names=(trl trl_smollm2 breakdown levers logprob objective rollout scaling)
 for n in "${names[@]}"; do
   [ -n "${CMD[$n]:-}" ] || { echo "unknown benchmark '$n'; accepted: ${!CMD[*]}" >&2; exit 2; }
   echo "== $n: python ${CMD[$n]} --out bench/results/$n.json  ($(date -u +%FT%TZ))"
