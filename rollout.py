@@ -298,9 +298,10 @@ class HFRollout:
 
     `policy`: the training model (as accelerate prepared it), shared, so there is no second copy
     and nothing to sync; or None, and the model is loaded from `model_dir` (eval.py on its own).
-    One generate call per batch, all prompts x n samples at once, left-padded. generate keeps an
-    (N, V) float32 score tensor per step for the log-probs: fine for short responses or small
-    vocabularies; long responses at a 150K vocabulary want vLLM (or fewer prompts per process)."""
+    One generate call per batch, all prompts x n samples at once, left-padded, with a static KV cache.
+    The sampled tokens' log-probs come from _SampledLogprobs, which holds one step's (N, V) row at a
+    time; generate's own output_scores would hold one per step (2K steps x 150K vocabulary x 4 bytes
+    = 1.2 GB per sample)."""
 
     def __init__(self, model_dir, max_model_len, seed=0, dtype="auto", policy=None, **_):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -342,6 +343,8 @@ class HFRollout:
         # a seeded call draws from its own copy of torch's generator: its samples are a function of
         # `seed` and the weights alone, and the trainer's random stream is left as it was
         gpus = [device] if device.type == "cuda" else []
+        from transformers import LogitsProcessorList
+        recorder = _SampledLogprobs()
         with torch.random.fork_rng(devices=gpus, enabled=seed is not None), _full_params(self.policy):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -349,11 +352,9 @@ class HFRollout:
                                  temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_tokens,
                                  eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
                                  cache_implementation="static",   # preallocated: no torch.cat of the KV cache per step
-                                 output_scores=True, return_dict_in_generate=True, synced_gpus=_sharded(self.policy))
-        gen = out.sequences[:, L:]                                            # (N, T), T <= max_tokens
-        # one (N, V) score tensor per step; the log-softmax is taken a step at a time (no (N, T, V) copy)
-        lp = torch.stack([s.float().log_softmax(-1).gather(-1, gen[:, t, None]).squeeze(-1)
-                          for t, s in enumerate(out.scores)], 1)              # (N, T)
+                                 logits_processor=LogitsProcessorList([recorder]), synced_gpus=_sharded(self.policy))
+        gen = out[:, L:]                                                      # (N, T), T <= max_tokens
+        lp = recorder.logprobs(gen)                                           # (N, T)
         gen, lp, stops = gen.tolist(), lp.tolist(), set(self.stop_ids)
         for p, g, l in zip(rows, gen, lp):
             limit = min(max_tokens, self.max_model_len - len(p))              # vLLM stops at max_model_len too
@@ -370,6 +371,31 @@ class HFRollout:
 
     def sleep(self):
         pass
+
+
+class _SampledLogprobs:
+    """A logits processor that records the sampled tokens' log-probs. Called with each step's scores, it
+    keeps their float32 log-softmax and, at the next call, takes from it the log-prob of the token sampled
+    at that step (input_ids' newest column); `logprobs` takes the last one. generate adds its sampling
+    warpers after the processors it is given, and at temperature 1, top-p 1, top-k off it adds none, so
+    these are the log-probs of the distribution sampled from (tests/test_hf_rollout.py checks them against
+    the trainer's). Under FSDP a rank whose samples are all done stops being called (synced_gpus), and
+    its output stops growing with it."""
+
+    def __init__(self):
+        self.last, self.columns = None, []
+
+    def __call__(self, input_ids, scores):
+        if self.last is not None:
+            self.columns.append(self.last.gather(-1, input_ids[:, -1:]))
+        self.last = scores.float().log_softmax(-1)                           # (N, V), one step's
+        return scores
+
+    def logprobs(self, generated):
+        """(N, T) log-probs of the T generated tokens, once generate has returned them."""
+        if generated.shape[1] == 0:
+            return generated.float()
+        return torch.cat(self.columns + [self.last.gather(-1, generated[:, -1:])], 1)
 
 
 def _generation_model(model):
