@@ -37,6 +37,7 @@ STATS = ("clip_frac", "clip_frac_upper", "clip_frac_lower", "clip_frac_bounds", 
 # behaviour probability mu < 0.01 | < 0.1 | < 0.5 | >= 0.5. `token_frac_by_mu`: share of the valid tokens
 # in each bucket; `clip_frac_by_mu`: share of each bucket's tokens that were clipped.
 MU_EDGES = (0.01, 0.1, 0.5)
+MU_BUCKETS = len(MU_EDGES) + 1
 BY_MU = ("token_frac_by_mu", "clip_frac_by_mu")
 
 # -----------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def _stats(valid, log_r, old, d=None, **clipped):
             1 + (r - 1).sum() / n, torch.where(valid, r, 0).amax() if r.numel() else zero,
             zero if d is None else d.clamp(max=1e6).sum() / n,
             (r - 1 - log_r).sum() / n]                                 # kl_k3: k3 estimate of KL(mu || pi)
-        k = len(MU_EDGES) + 1
+        k = MU_BUCKETS
         bucket = sum((old >= math.log(e)).to(torch.uint8) for e in MU_EDGES)   # 0: mu < 0.01, ..., 3: mu >= 0.5
         bucket = torch.where(valid, bucket, k).flatten()               # padding in a bucket of its own
         clip = clipped.get("clip_frac", torch.zeros_like(valid)) & valid

@@ -375,7 +375,7 @@ class UpdateLog:
 
     def __init__(self):
         self.sums = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}
-        self.tok_b, self.clip_b = [0.0] * 4, [0.0] * 4   # tokens and clipped tokens per mu bucket
+        self.tok_b, self.clip_b = [0.0] * gppo.MU_BUCKETS, [0.0] * gppo.MU_BUCKETS   # tokens and clipped tokens per mu bucket
         self.norms, self.kls = [], []                     # per step: gradient norm, KL(mu || pi) before it
         self.gap = [0.0, 0]                               # |trainer - vLLM| log-prob sum and count (mu_source vllm)
         self.step = [0.0, 0.0]                            # this step's k3 KL sum and token count
@@ -384,7 +384,7 @@ class UpdateLog:
         w = mask.sum().item()
         for k in gppo.STATS:
             self.sums[k] = max(self.sums[k], st[k]) if k == "ratio_max" else self.sums[k] + st[k] * w
-        for b in range(4):
+        for b in range(gppo.MU_BUCKETS):
             self.tok_b[b] += st["token_frac_by_mu"][b] * w
             self.clip_b[b] += st["clip_frac_by_mu"][b] * st["token_frac_by_mu"][b] * w
         self.sums["entropy"] += (ent * mask).sum().item()
@@ -494,7 +494,8 @@ def log_row(args, acc, it, batch, rows, rewards, shaped, keep, gap, upd, sources
              "uniform": (sg.max(1).values == sg.min(1).values).sum(), "gap": gap[0], "gap_n": gap[1],
              **{f"r:{x}": sum(r for r, y in zip(rewards.tolist(), src) if y == x) for x in sources},
              **{f"n:{x}": src.count(x) for x in sources}, **{k: v for k, v in stats.items() if k != "ratio_max"},
-             **{f"tok{b}": tok_b[b] for b in range(4)}, **{f"clip{b}": clip_b[b] for b in range(4)}}
+             **{f"tok{b}": tok_b[b] for b in range(gppo.MU_BUCKETS)},
+             **{f"clip{b}": clip_b[b] for b in range(gppo.MU_BUCKETS)}}
     every = acc.gather(torch.tensor([[float(v) for v in local.values()] + [stats["ratio_max"]]],
                                     dtype=torch.float64, device=acc.device)).cpu()
     s = dict(zip(local, every[:, :-1].sum(0).tolist()))
@@ -506,8 +507,8 @@ def log_row(args, acc, it, batch, rows, rewards, shaped, keep, gap, upd, sources
                kept_frac=s["kept"] / N, overlong_penalty=s["penalty"] / N, uniform_group_frac=s["uniform"] / s["groups"],
                lr=args.lr, logp_gap_vllm=s["gap"] / max(s["gap_n"], 1),
                **{k: s[k] / n_tok for k in stats if k not in ("ratio_max", "n_tok")}, ratio_max=every[:, -1].max().item(),
-               token_frac_by_mu=[s[f"tok{b}"] / n_tok for b in range(4)],
-               clip_frac_by_mu=[s[f"clip{b}"] / max(s[f"tok{b}"], 1.0) for b in range(4)],
+               token_frac_by_mu=[s[f"tok{b}"] / n_tok for b in range(gppo.MU_BUCKETS)],
+               clip_frac_by_mu=[s[f"clip{b}"] / max(s[f"tok{b}"], 1.0) for b in range(gppo.MU_BUCKETS)],
                kl_k3_max=max(kls, default=0.0), updates=len(norms), grad_norm=float(np.mean(norms)) if norms else 0.0,
                **times)
     row["tokens_per_s"] = s["len"] / row["time_iter_s"]

@@ -686,7 +686,7 @@ def clip_by_mu(hists):
         runs = [h for h in hs if h and all("clip_frac_by_mu" in row for row in h)]   # older runs lack them
         if not runs:
             continue
-        nb = len(gppo.MU_EDGES) + 1
+        nb = gppo.MU_BUCKETS
         tok = [[statistics.mean(row["token_frac_by_mu"][b] for row in h) for b in range(nb)] for h in runs]
         clip = [[sum(row["clip_frac_by_mu"][b] * row["token_frac_by_mu"][b] for row in h) /
                  sum(row["token_frac_by_mu"][b] for row in h) if any(row["token_frac_by_mu"][b] for row in h)
@@ -715,7 +715,7 @@ def plot_clip_by_mu(stats, path):
 
     nan = float("nan")
     pct = lambda xs: [nan if x is None else 100 * x for x in xs]
-    labels, x = mu_buckets(), range(len(gppo.MU_EDGES) + 1)
+    labels, x = mu_buckets(), range(gppo.MU_BUCKETS)
     divs = [d for d in gppo.DIVERGENCES if any(f"{d}-{e}" in stats for e in gppo.ESTIMATORS)] or ["tv"]
     fig, axes = plt.subplots(1, len(divs), figsize=(3.7 * len(divs), 3.9), sharey=True, squeeze=False)
     axes = axes[0]
