@@ -2,7 +2,8 @@
 Cost of the objective: gppo.gppo_loss forward + backward per cell against a plain PPO clip loss.
 
     python bench/bench_objective.py                          # 1024 x 1024 = 1M tokens, 12 cells + js + baselines
-    python bench/bench_objective.py --threads 1 --reps 5     # what the last README figures used
+    python bench/bench_objective.py --threads 1 --reps 9     # what bench/RESULTS.md "Performance" used
+    python bench/bench_objective.py --only tv-binary,kl-binary   # some rows
     python bench/bench_objective.py --shape 4096x256 --reps 9 --threads 2
     python bench/bench_objective.py --device cuda --shape 512x512      # 262K tokens on a GPU (bench/gpu_check.sh)
 
