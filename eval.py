@@ -3,7 +3,7 @@ avg@k of a model folder on held-out problems: k samples per problem, scored by r
 
     python eval.py --model data/tiny/model                       # the warm-start model
     python eval.py --model out/kl-atomic-seed0/final --k 8       # any trained policy
-    python eval.py --data jsonl:data/mytask/reverse              # your rows: data/mytask/reverse_test.jsonl
+    python eval.py --data jsonl:data/mytask/reverse              # data/mytask/reverse_test.jsonl
     python eval.py --model Qwen/Qwen3-8B-Base --data aime24,aime25 --template dapo \
         --max_new_tokens 20480 --max_model_len 21504             # the paper's math evaluation
 
@@ -23,32 +23,11 @@ Choices:
 import argparse
 import hashlib
 import json
+import os
 import time
 
 import reward
-from data.loaders import format_prompt, load_problems
-
-
-def load_rows(names, split, data_dir, template, tokenizer, max_prompt_tokens=None):
-    """Problems of the comma-separated data sets `names`, each with its prompt text and ids.
-    `max_prompt_tokens`: the longest prompt that leaves room for the response (choice 3)."""
-    rows = []
-    for name in [n for n in names.split(",") if n]:
-        for row in load_problems(name, split=split, data_dir=data_dir):
-            where = f"{name} ({split}) row {row['id']!r}"
-            try:  # the row's task is registered and its ground truth is one the reward can use
-                reward.get_task(row["task"]).check(row["ground_truth"])
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-            row["prompt"] = format_prompt(row, template, tokenizer)
-            row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-            if max_prompt_tokens is not None and len(row["prompt_ids"]) > max_prompt_tokens:
-                raise ValueError(f"{where}: its prompt is {len(row['prompt_ids'])} tokens; accepted: at most "
-                                 f"{max_prompt_tokens} (--max_model_len minus --max_new_tokens)")
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"no problems in data sets {names!r} (split {split!r})")
-    return rows
+from data.loaders import load_rows
 
 
 def avg_at_k(engine, rows, k, max_new_tokens, seed=0, acc=None):
@@ -56,8 +35,10 @@ def avg_at_k(engine, rows, k, max_new_tokens, seed=0, acc=None):
     samples and scores rows[rank::world] and every process gets the whole result (choice 2)."""
     rank, world = (acc.process_index, acc.num_processes) if acc else (0, 1)
     mine = rows[rank::world]
-    batch = engine.generate([r["prompt_ids"] for r in mine], n=k, max_tokens=max_new_tokens, seed=seed + rank)
-    scores = reward.score_rows(batch.texts, [mine[i // k] for i in range(len(batch.texts))]) if mine else []
+    batch = engine.generate([r["prompt_ids"] for r in mine], n=k, max_tokens=max_new_tokens,
+                            seed=seed + rank)
+    sample_rows = [mine[i // k] for i in range(len(batch.texts))]
+    scores = reward.score_rows(batch.texts, sample_rows) if mine else []
     pairs = [(r["source"], s) for i, r in enumerate(mine) for s in scores[i * k:(i + 1) * k]]
     if acc:
         from accelerate.utils import gather_object
@@ -68,6 +49,24 @@ def avg_at_k(engine, rows, k, max_new_tokens, seed=0, acc=None):
         out[source] = 100.0 * sum(s) / len(s)
     out["all"] = 100.0 * sum(x for _, x in pairs) / len(pairs)
     return out
+
+
+def evaluate(args, run, name):
+    """train.py's evaluations (--eval_before, --eval_every, the end of the run): avg@k of the
+    engine's current weights on the held-out rows (every rank scores its share), written to
+    out_dir/name and logged as one readable line."""
+    run.log(f"evaluating avg@{args.eval_k}: {len(run.eval_rows)} held-out problems "
+            f"({args.eval_data}) x {args.eval_k} samples ...")
+    res = avg_at_k(run.engine, run.eval_rows, args.eval_k, args.max_new_tokens, seed=args.seed,
+                   acc=run.acc)
+    start = name == "eval_start.json"
+    if run.acc.is_main_process:
+        model = args.model if start else os.path.join(args.out_dir, "final")
+        with open(os.path.join(args.out_dir, name), "w") as f:
+            json.dump({f"avg@{args.eval_k}": res, "model": model}, f)
+    scores = " | ".join(f"{k} {v:.1f}" for k, v in res.items())
+    run.log(f"{'start ' if start else ''}avg@{args.eval_k}: {scores} ({name})")
+    return res
 
 
 def table_name(name):
@@ -89,7 +88,8 @@ def compare_table(before, after):
     w = max([16] + [len(table_name(n)) for n in names])     # the name column fits the longest name
     lines = [f"{'data set':<{w}}{'before':>9}{'after':>9}{'change':>9}   ({key}, %)"]
     for name in names:
-        lines.append(f"{table_name(name):<{w}}{a[name]:>9.1f}{b[name]:>9.1f}{b[name] - a[name]:>+9.1f}")
+        change = b[name] - a[name]
+        lines.append(f"{table_name(name):<{w}}{a[name]:>9.1f}{b[name]:>9.1f}{change:>+9.1f}")
     lines += [f"  {table_name(n)} = {n}" for n in names if table_name(n) != n]
     return "\n".join(lines)
 
@@ -100,16 +100,19 @@ def main():
     p.add_argument("--data", default="tiny-math,tiny-code", help="comma-separated data set names")
     p.add_argument("--split", default="test", help="data split")
     p.add_argument("--data_dir", default=None, help="folder with local copies of hub data sets")
-    p.add_argument("--template", default="plain", help="prompt template (data/loaders.py TEMPLATES)")
+    p.add_argument("--template", default="plain", help="prompt template (data/loaders.py)")
     p.add_argument("--k", type=int, default=8, help="samples per problem")
     p.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
-    p.add_argument("--max_model_len", type=int, default=256, help="vLLM context length (prompt + response)")
-    p.add_argument("--dtype", default="auto", help="vLLM dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16")
-    p.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm, or the transformers fallback")
+    p.add_argument("--max_model_len", type=int, default=256,
+                   help="vLLM context length (prompt + response)")
+    p.add_argument("--dtype", default="auto",
+                   help="vLLM dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16")
+    p.add_argument("--backend", default="vllm", choices=("vllm", "hf"),
+                   help="vllm, or the transformers fallback")
     p.add_argument("--seed", type=int, default=1234, help="sampling seed")
     p.add_argument("--out", default="", help="also write the JSON result to this file")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
-                   help="only print the before/after table of two result files (what run.sh prints at the end)")
+                   help="only print the before/after table of two result files (run.sh's end)")
     args = p.parse_args()
     if args.compare:
         before, after = (json.load(open(f)) for f in args.compare)
@@ -129,8 +132,8 @@ def main():
     rows = load_rows(args.data, args.split, args.data_dir, args.template, tok,
                      max_prompt_tokens=args.max_model_len - args.max_new_tokens)
     longest = max(len(r["prompt_ids"]) for r in rows)
-    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len, seed=args.seed,
-                         dtype=args.dtype, kv_cache_sequences=len(rows) * args.k,
+    engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len,
+                         seed=args.seed, dtype=args.dtype, kv_cache_sequences=len(rows) * args.k,
                          kv_cache_tokens=longest + args.max_new_tokens)
     print(f"avg@{args.k}: {len(rows)} problems x {args.k} samples of {args.model} ...", flush=True)
     res = avg_at_k(engine, rows, args.k, args.max_new_tokens, seed=args.seed)

@@ -7,9 +7,9 @@ Peak memory and time of log-probs + entropy at a real vocabulary (Qwen's 151,936
 What the heads see is the last hidden states (N, H) and the LM head weight (V, H); this benchmark
 feeds them random tensors (H = 64 by default, a tiny body: the cost here is the (N, V) logits, not the
 body) and random targets, and backpropagates sum(logp * g) for a fixed random g into both. Paths:
-1. `ours`: train.py's `_chunk_logp_entropy` (imported), called per chunk of at most `--chunk_mb`
+1. `ours`: the trainer's `infra.logprobs._chunk_logp_entropy` (imported), called per chunk of at most `--chunk_mb`
    MB of float32 logits (train.py's `--logp_chunk_mb` default, 256: 441 tokens at this vocabulary)
-   under `torch.utils.checkpoint` (use_reentrant=False), exactly as train.py's `token_logprobs`
+   under `torch.utils.checkpoint` (use_reentrant=False), exactly as `infra.logprobs.token_logprobs`
    does: at most one chunk's logits live.
 2. `plain`: logits = h @ W.T, log_softmax, gather; entropy from the same log-softmax under no_grad.
 3. `trl_helpers`: the full (B, T, V) logits through TRL's public helpers
@@ -70,7 +70,7 @@ def worker(path, B, T, out_file):
 
     if path == "ours":
         sys.path.insert(0, str(ROOT))
-        from train import _chunk_logp_entropy as fn
+        from infra.logprobs import _chunk_logp_entropy as fn
         rows = ours_rows()
         def run(h, W, y, B, T):
             parts = [checkpoint(fn, h[s:s + rows], W, y[s:s + rows], use_reentrant=False)
@@ -146,7 +146,7 @@ def main():
     config = dict(vocab=args.vocab, hidden=args.hidden, ours_chunk_mb=args.chunk_mb, ours_chunk_tokens=ours_rows(), reps=args.reps, dtype="float32",
                   memory_available_gb=round(avail, 1), cores=len(os.sched_getaffinity(0)),
                   threads=args.threads or torch.get_num_threads(), load_avg_start=os.getloadavg()[0],
-                  ours_source="train._chunk_logp_entropy (imported) + checkpoint loop as in token_logprobs")
+                  ours_source="infra.logprobs._chunk_logp_entropy (imported) + checkpoint loop as in token_logprobs")
     print("config:", json.dumps(config), flush=True)
     results = {}
     for cfg in [c for c in args.configs.split(",") if c]:

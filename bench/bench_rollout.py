@@ -40,7 +40,7 @@ def main():
     import torch
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
-    from eval import load_rows
+    from data.loaders import load_rows
     from rollout import HFRollout, make_engine
     tok = AutoTokenizer.from_pretrained(args.model)
     rows = load_rows(args.train_data, "train", args.data_dir, "plain", tok,

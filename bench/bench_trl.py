@@ -247,7 +247,7 @@ def main():
     floor = None
     if args.floor:   # prompt length: measured with the same tokenizer and template as the runs
         from transformers import AutoTokenizer
-        from eval import load_rows
+        from data.loaders import load_rows
         plen = statistics.mean(len(r["prompt_ids"]) for r in load_rows(args.data, "train", args.data_dir, args.template,
                                                                         AutoTokenizer.from_pretrained(args.model)))
         dtype = "bfloat16" if args.bf16 or "bfloat16" in args.ours else "float32"

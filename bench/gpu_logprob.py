@@ -8,7 +8,7 @@ time, peak memory and TFLOP/s of one forward + backward, for each LM head precis
 1. Model: Qwen2 with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
    intermediate 4864, vocab 151,936, tied embeddings), random weights, float32 parameters, the
    forward and backward under bf16 autocast (train.py --mixed_precision bf16). No download.
-2. Paths: `fp32`, `tf32`, `bf16`: train.token_logprobs (imported) with --head_precision set so and
+2. Paths: `fp32`, `tf32`, `bf16`: infra.logprobs.token_logprobs (imported) with --head_precision set so and
    --logp_chunk_mb unset (sized from free memory); `plain`: the model's full (B, T, V) logits,
    float32 log_softmax, gather. Loss: the sum of the response tokens' log-probs, backpropagated.
 3. Figures: the median of `--reps` timed passes after one untimed; peak memory is
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import train  # noqa: E402
+import infra.logprobs  # noqa: E402
 
 p = argparse.ArgumentParser(description="log-prob path vs full logits on a 0.5B-shaped model")
 p.add_argument("--batch", type=int, default=8, help="sequences")
@@ -65,7 +65,7 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     flops = 6 * n_params * ids.numel()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    paths = {hp: (lambda hp: lambda: train.token_logprobs(model, ids, attn, resp, None, hp)[0])(hp)
+    paths = {hp: (lambda hp: lambda: infra.logprobs.token_logprobs(model, ids, attn, resp, None, hp)[0])(hp)
              for hp in ("fp32", "tf32", "bf16")}
     paths["plain"] = lambda: plain(model, ids, attn, resp)
     rows, ref = {}, None

@@ -65,7 +65,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from eval import load_rows
+    from data.loaders import load_rows
     import reward
 
     tok = AutoTokenizer.from_pretrained(args.model)

@@ -470,3 +470,28 @@ class PromptSampler:
     def load_state_dict(self, state):
         self.epoch, self.pos = list(state["epoch"]), list(state["pos"])
         self.order = [self._shuffled(p) for p in range(len(self.pools))]
+
+
+def load_rows(names, split, data_dir, template, tokenizer, max_prompt_tokens=None):
+    """Problems of the comma-separated data sets `names`, each with its prompt text and ids, checked
+    as they load: a row of an unknown task, a ground truth its task cannot use (reward.TASKS'
+    check) or a prompt longer than `max_prompt_tokens` (the room the response leaves) is refused
+    here, naming the row, not in the middle of a run."""
+    rows = []
+    for name in [n for n in names.split(",") if n]:
+        for row in load_problems(name, split=split, data_dir=data_dir):
+            where = f"{name} ({split}) row {row['id']!r}"
+            try:  # the row's task is registered and its ground truth is one the reward can use
+                reward.get_task(row["task"]).check(row["ground_truth"])
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            row["prompt"] = format_prompt(row, template, tokenizer)
+            row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+            if max_prompt_tokens is not None and len(row["prompt_ids"]) > max_prompt_tokens:
+                raise ValueError(f"{where}: its prompt is {len(row['prompt_ids'])} tokens; "
+                                 f"accepted: at most {max_prompt_tokens} (--max_model_len minus "
+                                 "--max_new_tokens)")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"no problems in data sets {names!r} (split {split!r})")
+    return rows

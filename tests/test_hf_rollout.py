@@ -13,6 +13,8 @@ import math
 import pytest
 import torch
 
+import infra.logprobs
+
 from conftest import PY, metrics, ok, run
 
 
@@ -46,7 +48,6 @@ def test_shares_the_policy_object(engine, policy):
 
 
 def test_logprobs_equal_trainer_recompute_and_eos_truncation(engine, policy, prompts):
-    import train
     n, eos, truncated, diffs = 4, engine.tokenizer.eos_token_id, [], []
     for max_tokens in (32, 4):
         b = engine.generate(prompts, n=n, max_tokens=max_tokens, seed=3)
@@ -64,9 +65,9 @@ def test_logprobs_equal_trainer_recompute_and_eos_truncation(engine, policy, pro
             assert text == engine.tokenizer.decode(ids, skip_special_tokens=True)
         truncated += b.truncated
         # the trainer's own recompute (right-padded, chunked head, fp32) on the same samples
-        ids, attn, resp = train.collate(b, list(range(N)), engine.pad_id, "cpu")
+        ids, attn, resp = infra.logprobs.collate(b, list(range(N)), engine.pad_id, "cpu")
         with torch.no_grad():
-            lp, _ = train.token_logprobs(policy, ids, attn, resp)
+            lp, _ = infra.logprobs.token_logprobs(policy, ids, attn, resp)
         mask = resp[:, 1:].bool()
         got = torch.cat([torch.tensor(x) for x in b.logprobs])
         diffs.append((lp[mask] - got).abs().max().item())
@@ -94,14 +95,13 @@ def test_head_precision(precision):
     """The three head precisions against a float64 reference: fp32 and tf32 (TF32 is a CUDA flag set
     for the run by train.setup, so on the CPU tf32 is fp32 exactly) to float32 noise, bf16 to bf16's
     rounding; log-probs and both gradients."""
-    import train
     g = torch.Generator().manual_seed(0)
     h, w = torch.randn(40, 32, generator=g), torch.randn(500, 32, generator=g) / 4
     y, c = torch.randint(0, 500, (40,), generator=g), torch.randn(40, generator=g)
 
     def run_head(dtype, prec):
         hh, ww = h.to(dtype).clone().requires_grad_(), w.to(dtype).clone().requires_grad_()
-        lp, ent = train._chunk_logp_entropy(hh, ww, y, prec)
+        lp, ent = infra.logprobs._chunk_logp_entropy(hh, ww, y, prec)
         (lp * c.to(lp.dtype)).sum().backward()
         return lp.double(), ent.double(), hh.grad.double(), ww.grad.double()
 

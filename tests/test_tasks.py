@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # repo root, so `reward`, `eval` and `data.loaders` import
 import reward  # noqa: E402
 from data.loaders import format_prompt, load_problems  # noqa: E402
-from eval import load_rows  # noqa: E402
+from data.loaders import load_rows  # noqa: E402
 
 REGISTERED = "'math', 'code', 'rg', 'exact'"
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -62,11 +63,11 @@ def run_update(sampled, *flags, hook=None):
     if hook:
         opt.register_step_pre_hook(hook)
     model, opt = acc.prepare(model, opt)
-    old, tis, _ = train.behaviour_logprobs(args, model, batch, tok.eos_token_id, acc.device)
-    _, adv, keep = train.advantages(args, rewards, batch)
-    batches, mine = train.minibatches(args, 1, acc.num_processes)
-    log = train.update(args, acc, model, opt, None, batch, old, tis, adv, keep, batches, mine(0), 1,
-                       tok.eos_token_id)
+    run = SimpleNamespace(acc=acc, model=model, opt=opt, ref_model=None, pad_id=tok.eos_token_id)
+    s = train.Samples(batch, rows=None, positions=list(range(P)))
+    s.old_logp, s.tis, _ = train.behaviour_logprobs(args, model, batch, tok.eos_token_id, acc.device)
+    _, s.advantages, s.keep = train.advantages(args, rewards, batch)
+    log = train.update(args, run, s, train.minibatches(args, 1), 1)
     return log, acc.unwrap_model(model)
 
 
@@ -125,14 +126,13 @@ def test_epochs_take_every_minibatch_each_epoch(sampled):
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_minibatches_are_the_same_for_any_process_count(world):
-    """Every prompt lands in exactly one mini-batch of M, the same ones whatever the process count,
-    and the ranks' shares of them are disjoint and cover the iteration."""
+    """Every prompt lands in exactly one mini-batch of M (minibatches does not know the process
+    count), and the ranks' shares of them are disjoint and cover the iteration."""
     args = train.parse_args(["--prompts_per_iter", "16", "--prompts_per_update", "4", "--seed", "2"])
-    batches, mine = train.minibatches(args, 7, world)
-    assert batches == train.minibatches(args, 7, 1)[0]
+    batches = train.minibatches(args, 7)
     assert sorted(p for b in batches for p in b) == list(range(16)) and all(len(b) == 4 for b in batches)
-    shares = [mine(r) for r in range(world)]
-    assert sorted(p for s in shares for p in s) == list(range(16))
+    shares = [p for r in range(world) for b in batches for p in train.rank_share(b, r, world)]
+    assert sorted(shares) == list(range(16))
 
 
 @pytest.mark.parametrize("method", ["kl-atomic", "gspo", "clip_cov"])

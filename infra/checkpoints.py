@@ -1,0 +1,148 @@
+"""Checkpoints, resume, the final policy, and a safe stop.
+
+1. A checkpoint is accelerate's save_state (model, optimizer, every rank's RNG, the prompt sampler)
+   written to iter_N.tmp and renamed once every rank's files exist: a crash never leaves a
+   half-written folder under a final name, and `checkpoints()` ignores '.tmp' folders.
+2. --resume restores the latest (or the given) complete checkpoint; flags that change the run must
+   match the checkpoint's unless --resume_with_changes (infra/flags.py RUN_NEUTRAL).
+3. A fresh run never overwrites an earlier one: an --out_dir that holds a run's metrics or
+   checkpoints is refused at start unless --resume or --overwrite says what to do with it.
+4. Ctrl-C / SIGTERM finish the running iteration, checkpoint and exit 130 (`StopRequest`).
+"""
+import json
+import logging
+import os
+import shutil
+import signal
+
+from infra.flags import RUN_NEUTRAL
+
+RUN_FILES = ("metrics.jsonl", "checkpoints", "final", "eval.json", "eval_start.json",
+             "dynamics.png")
+
+
+def check_out_dir(args):
+    """A fresh run in a folder holding an earlier run's metrics or checkpoints stops here, at
+    start: nothing is lost silently."""
+    earlier = [n for n in ("metrics.jsonl", "checkpoints")
+               if os.path.exists(os.path.join(args.out_dir, n))]
+    if earlier and not args.resume and not args.overwrite:
+        raise FileExistsError(
+            f"--out_dir {args.out_dir} already holds a run ({', '.join(earlier)}); continue it "
+            "with --resume, start it afresh with --overwrite (deletes its files), or pick another "
+            "--out_dir")
+
+
+def prepare_out_dir(args, is_main):
+    """Make out_dir; under --overwrite, delete the earlier run's files first."""
+    if args.overwrite and is_main and os.path.isdir(args.out_dir):
+        for name in os.listdir(args.out_dir):
+            path = os.path.join(args.out_dir, name)
+            if name in RUN_FILES and os.path.isdir(path):
+                shutil.rmtree(path)
+            elif name in RUN_FILES or name.startswith("eval_iter_"):
+                os.remove(path)
+    os.makedirs(args.out_dir, exist_ok=True)
+
+
+def resume(args, acc, ckpt_dir):
+    """--resume: (the checkpoint restored, the iteration it followed, the metrics rows up to it;
+    rows past it are redone)."""
+    path, start = load_checkpoint(args, acc, ckpt_dir)
+    metrics_path = os.path.join(args.out_dir, "metrics.jsonl")
+    history = []
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            history = [r for r in map(json.loads, f) if r["iter"] <= start]
+    return path, start, history
+
+
+def checkpoints(ckpt_dir):
+    """Complete checkpoints, oldest first (a '.tmp' folder is an interrupted write: ignored)."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    names = sorted(n for n in os.listdir(ckpt_dir) if n.startswith("iter_")
+                   and not n.endswith(".tmp"))
+    return [os.path.join(ckpt_dir, n) for n in names]
+
+
+def _not_tied_weights_notice(record):
+    """save_state stores tied weights once (lm_head.weight is embed_tokens) and warns "Removed
+    shared tensor ... while saving" at every checkpoint; load_state ties them again (resume is
+    tested to be bitwise), so the warning says nothing here and is dropped."""
+    return "Removed shared tensor" not in record.getMessage()
+
+
+def save_checkpoint(args, acc, ckpt_dir, it):
+    logging.getLogger("accelerate.utils.other").addFilter(_not_tied_weights_notice)   # once
+    path = os.path.join(ckpt_dir, f"iter_{it:06d}")
+    if acc.is_main_process:
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+    acc.wait_for_everyone()
+    acc.save_state(path + ".tmp")
+    acc.wait_for_everyone()                          # every rank's files (RNG state, shards) exist
+    if acc.is_main_process:
+        with open(os.path.join(path + ".tmp", "trainer_state.json"), "w") as f:
+            json.dump({"iter": it, "args": {k: v for k, v in vars(args).items() if k != "cell"}}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)              # the commit point
+        for stale in checkpoints(ckpt_dir)[:-args.keep_last]:
+            shutil.rmtree(stale, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def load_checkpoint(args, acc, ckpt_dir):
+    """--resume: restore the latest (or the given) checkpoint; returns (its path, the iteration
+    it followed). Flags that change the run must match the checkpoint's unless
+    --resume_with_changes."""
+    path = args.resume
+    if path == "latest":
+        if not checkpoints(ckpt_dir):
+            raise FileNotFoundError(f"--resume: no complete checkpoint in {ckpt_dir}")
+        path = checkpoints(ckpt_dir)[-1]
+    if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+        raise FileNotFoundError(f"--resume={path!r} is not a complete checkpoint folder "
+                                f"(no trainer_state.json); complete ones: {checkpoints(ckpt_dir)}")
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        state = json.load(f)
+    now = json.loads(json.dumps({k: v for k, v in vars(args).items() if k != "cell"}))   # tuples
+    changed = {k: (v, now.get(k)) for k, v in state["args"].items()
+               if k not in RUN_NEUTRAL and now.get(k) != v}
+    if changed and not args.resume_with_changes:
+        raise ValueError(f"--resume: {path} was made with other flags: "
+                         + ", ".join(f"--{k} {a!r} (now {b!r})" for k, (a, b) in changed.items())
+                         + "; pass --resume_with_changes to continue anyway")
+    acc.load_state(path)
+    return path, state["iter"]
+
+
+def save_policy(acc, model, tokenizer, path):
+    """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
+    state = acc.get_state_dict(model)        # gathered from the shards under FSDP
+    if acc.is_main_process:
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+        acc.unwrap_model(model).save_pretrained(path + ".tmp", state_dict=state)
+        tokenizer.save_pretrained(path + ".tmp")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(path + ".tmp", path)
+    acc.wait_for_everyone()
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM (torchrun sends it to every worker, then SIGKILL 30 s later): finish the
+    running iteration, checkpoint, exit 130. A second signal kills at once. The handler only sets
+    a flag and writes with os.write: print() inside a signal handler can raise on reentry."""
+
+    def __init__(self, master):
+        self.requested, self.master = False, master
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        if self.master:
+            name = signal.Signals(signum).name
+            os.write(2, f"\n{name}: stopping after this iteration (again to abort)\n".encode())
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,48 @@
+"""Clip-Cov's token selection over the whole mini-batch (all micro-batches and ranks), so that
+micro-batching and the process count do not change which tokens it clips (gppo.clip_cov_loss).
+
+1. A no-grad pass over the mini-batch's passes gives the centre (mean log-prob and advantage) and
+   each rank's candidates (gppo.clip_cov_candidates).
+2. k = max(1, clip_ratio x N) of all ranks' candidates are drawn by a generator seeded alike on
+   every rank; each rank keeps the draws that fall on its own candidates.
+"""
+import inspect
+
+import torch
+
+import gppo
+from infra.logprobs import collate, token_logprobs
+
+
+def clip_cov_selection(args, run, samples, passes, seed):
+    """The tokens Clip-Cov detaches: a (B, T-1) bool per pass of update()'s mini-batch."""
+    acc = run.acc
+    defaults = {k: p.default for k, p in inspect.signature(gppo.clip_cov_loss).parameters.items()}
+    kw = {k: args.loss_kwargs.get(k, defaults[k]) for k in ("eps", "cov_low", "cov_high",
+                                                             "clip_ratio")}
+    parts = []                                     # per pass: log-prob, mu, advantage, valid
+    with torch.no_grad():
+        for idx in passes:                         # as many forwards as training: collectives pair
+            ids, attn, resp, old_logp = collate(samples.batch, idx or [0], run.pad_id, acc.device,
+                                                (samples.old_logp,))
+            lp, _ = token_logprobs(run.model, ids, attn, resp, args.logp_chunk_mb,
+                                   args.head_precision)
+            a = samples.advantages[idx or [0]].to(lp.device)[:, None].expand_as(lp)
+            parts.append((lp, old_logp, a, resp[:, 1:].bool() & (idx is not None)))
+    tot = sum(torch.stack([torch.where(m, lp, 0).sum(), torch.where(m, a, 0).sum(),
+                           m.sum()]).double() for lp, _, a, m in parts)
+    s_lp, s_a, n = acc.reduce(tot, "sum").tolist()
+    center = (s_lp / max(n, 1), s_a / max(n, 1))
+    cands = [gppo.clip_cov_candidates(lp, o, a, m, center, kw["eps"], kw["cov_low"],
+                                      kw["cov_high"]) & m for lp, o, a, m in parts]
+    flat = torch.cat([c.flatten() for c in cands]).cpu()                 # this rank's, in order
+    counts = acc.gather(flat.sum().view(1).to(acc.device)).tolist()      # every rank's number
+    drawn = torch.zeros(sum(counts), dtype=torch.bool)
+    k = min(max(1, int(kw["clip_ratio"] * n)), sum(counts))
+    order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed))
+    drawn[order[:k]] = True
+    rank = acc.process_index
+    detach = torch.zeros_like(flat)
+    detach[flat.nonzero().squeeze(1)[drawn[sum(counts[:rank]):sum(counts[:rank + 1])]]] = True
+    sizes = [c.numel() for c in cands]
+    return [d.view_as(c).to(c.device) for d, c in zip(detach.split(sizes), cands)]

@@ -1,0 +1,100 @@
+"""Multi-process bookkeeping (DDP, FSDP2) that keeps the update exact whatever the process count.
+
+1. Every rank runs the same number of forward/backward passes (`micro_batches` pads with zero-weight
+   filler passes), so DDP/FSDP's collectives always pair up, and the loss denominator is the whole
+   mini-batch's over all ranks, so micro-batching and the process count never change the update.
+2. DDP all-reduces gradients only at a step's last pass; FSDP at every pass (`gradient_sync`).
+3. `fsdp_on_the_cpu`: an FSDP launch config really shards on the CPU (accelerate 1.16 would run
+   it as plain data parallel).
+4. Ranks agree on a stop request (`agree_to_stop`), so every rank checkpoints together.
+"""
+import os
+import random
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.state import PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+
+def make_accelerator(args):
+    """The run's Accelerator, with what depends on the launch set once: FSDP on the CPU, the
+    head's float32 matmul precision on CUDA, the process count's checks, threads and seeds."""
+    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=args.mixed_precision)
+    fsdp_on_the_cpu(acc)
+    if torch.cuda.is_available():
+        # --head_precision tf32 (the CUDA default): float32 matmuls on TF32 tensor cores for the
+        # run. Under bf16 autocast (the GPU presets) the LM head of the log-probs is the only
+        # float32 matmul, so it is the one this speeds up; fp32 keeps IEEE float32 everywhere.
+        args.head_precision = args.head_precision or "tf32"
+        precision = "tf32" if args.head_precision == "tf32" else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+    check_world(args, acc.num_processes)
+    if args.threads:   # before the engine starts: vLLM's CPU worker then refuses set_num_threads
+        torch.set_num_threads(args.threads)
+    seed_everything(args.seed, acc.process_index)
+    return acc
+
+
+def check_world(args, world):
+    """The flags that depend on the process count, checked once the launch is known."""
+    if args.tensor_parallel_size > 1 and world > 1:   # each rank samples with its own engine
+        raise ValueError(f"--tensor_parallel_size={args.tensor_parallel_size}; accepted: 1 when "
+                         f"{world} training processes each run an engine")
+    if args.prompts_per_update % world:
+        raise ValueError(f"--prompts_per_update={args.prompts_per_update}; accepted: a multiple "
+                         f"of the {world} processes")
+
+
+def seed_everything(seed, rank):
+    """Python's and numpy's streams differ per rank (nothing shared is drawn from them); torch's is
+    the same on every rank, so a model initialised from it (none is today) would be the same."""
+    random.seed(seed + rank)
+    np.random.seed(seed + rank)
+    torch.manual_seed(seed)
+
+
+def micro_batches(args, acc, batch, samples):
+    """This rank's samples of one mini-batch as micro-batches, padded with None (a zero-weight
+    filler pass) up to the most micro-batches any rank has, and the loss denominator of the whole
+    mini-batch over all ranks (tokens for token-mean, sequences otherwise). One collective."""
+    size = args.micro_batch_size
+    chunks = [samples[s:s + size] for s in range(0, len(samples), size)]
+    tokens = [len(batch.completion_ids[i]) for i in samples]
+    local_count = sum(tokens) if args.agg == "token-mean" else sum(t > 0 for t in tokens)
+    sizes = acc.gather(torch.tensor([[float(local_count), float(len(chunks))]], device=acc.device))
+    n_passes = int(sizes[:, 1].max().item())
+    return chunks + [None] * (n_passes - len(chunks)), sizes[:, 0].sum().item()
+
+
+def gradient_sync(acc, model, last):
+    """DDP all-reduces gradients at every backward unless told not to: only at the step's last pass.
+    FSDP reduce-scatters at every pass on purpose: deferring it would keep whole unsharded
+    gradients between passes (~33 GB per GPU at 8B in fp32), the memory sharding exists to save."""
+    ddp = acc.distributed_type.name in ("MULTI_CPU", "MULTI_GPU")
+    return acc.no_sync(model) if ddp and not last else nullcontext()
+
+
+def agree_to_stop(acc, stop):
+    """True on every rank when any rank was asked to stop (Ctrl-C, SIGTERM)."""
+    asked = torch.tensor(float(stop.requested), device=acc.device)
+    return acc.reduce(asked, "sum").item() > 0
+
+
+def fsdp_on_the_cpu(acc):
+    """An FSDP launch config on the CPU (configs/accelerate_fsdp_cpu.yaml) really shards.
+    accelerate 1.16 makes a launch FSDP only on accelerators and silently trains plain data parallel
+    on the CPU (state.py skips MULTI_CPU; the checkpoints come out unsharded), though torch's
+    fully_shard runs over gloo. So the FSDP path is switched on by hand, as accelerate itself would
+    on a GPU: the shared state's distributed type (read by prepare, save_state, load_state) and the
+    plugin, built from the launch's FSDP_* variables."""
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+    if acc.distributed_type != DistributedType.MULTI_CPU or not fsdp:
+        return
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = FullyShardedDataParallelPlugin()
+    if acc.mixed_precision != "no":
+        acc.state.fsdp_plugin.set_mixed_precision(acc.mixed_precision)

@@ -1,0 +1,163 @@
+"""The run's flags (where files go, memory and chunk sizes, checkpoints, logging) and the checks of
+every flag, the algorithm's included. train.py declares the algorithm's flags; this module adds the
+rest and checks them all at parse time, before anything is loaded.
+
+1. Every bad value fails here with the value and what is accepted (`bad`), not mid-run.
+2. `RUN_NEUTRAL`: the flags that do not change what a run computes, so --resume may continue with
+   other values of them (every other flag must match the checkpoint's).
+3. `loss_settings`: --agg defaults to the chosen loss's own aggregation (a baseline trains as its
+   authors define it); --loss_kwargs is checked against the loss's signature and tried once.
+"""
+import ast
+import inspect
+import os
+import re
+
+import torch
+
+import gppo
+
+# Flags that do not change what a run computes: --resume may continue with other values. --iters
+# extends a run; the eval_* flags score held-out sets with seeded sampling calls that leave the
+# training's random streams as they were (the next rollout reseeds); the rest are files and speed.
+RUN_NEUTRAL = {"iters", "eval_data", "eval_k", "eval_before", "eval_every", "out_dir", "overwrite",
+               "ckpt_every", "keep_last", "resume", "resume_with_changes", "save_rollouts",
+               "threads", "sample_every", "wandb"}
+
+
+def add_run_flags(p):
+    """The flags that say where and how fast a run goes, not what it computes."""
+    g = p.add_argument_group("run: files, checkpoints, logging")
+    g.add_argument("--out_dir", default="", help="run folder (default out/<cell>-seed<seed>)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an --out_dir holding an earlier run (deletes its files)")
+    g.add_argument("--ckpt_every", type=int, default=20,
+                   help="save a resumable checkpoint every N iterations (and at exit); 0 = at exit")
+    g.add_argument("--keep_last", type=int, default=2, help="checkpoints kept (older ones deleted)")
+    g.add_argument("--resume", nargs="?", const="latest", default=None,
+                   help="continue from out_dir's latest complete checkpoint, or the folder given")
+    g.add_argument("--resume_with_changes", action="store_true",
+                   help="let --resume continue with other run flags")
+    g.add_argument("--save_rollouts", default="",
+                   help="debug: write every iteration's rollouts to this folder")
+    g.add_argument("--replay_rollouts", default="", help="debug: train on the rollouts a "
+                   "--save_rollouts run wrote (any process count)")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    g.add_argument("--sample_every", type=int, default=10,
+                   help="print a few completions every N iterations")
+    g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data")
+    g.add_argument("--eval_before", action="store_true",
+                   help="also score the start model (eval_start.json)")
+    g.add_argument("--eval_every", type=int, default=0, help="also score --eval_data every N "
+                   "iterations, into that row (eval_avg@k) and eval_iter_N.json; 0 = at the end")
+    g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
+    g = p.add_argument_group("run: engines, memory and precision")
+    g.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm (fast), or "
+                   "transformers.generate on the policy's own weights (no vLLM needed)")
+    g.add_argument("--max_model_len", type=int, default=256,
+                   help="vLLM context length (prompt + response), tokens")
+    g.add_argument("--vllm_dtype", default="auto",
+                   choices=("auto", "float32", "bfloat16", "float16"),
+                   help="vLLM's dtype; auto: bfloat16 on GPU, the trainer's float32 on the CPU")
+    g.add_argument("--gpu_memory_utilization", type=float, default=0.4,
+                   help="vLLM share of GPU memory")
+    g.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM tensor parallel size")
+    g.add_argument("--sleep_mode", action="store_true",
+                   help="free vLLM's KV cache while training (GPU)")
+    g.add_argument("--sync_bucket_mb", type=int, default=256,
+                   help="weight sync into vLLM in buckets of this size")
+    g.add_argument("--micro_batch_size", type=int, default=64,
+                   help="sequences per forward/backward")
+    g.add_argument("--logp_chunk_mb", type=int, default=None, help="float32 logits per "
+                   "log-softmax chunk, MB (default: 1/32 of free GPU memory, 256 on the CPU)")
+    g.add_argument("--head_precision", default=None, choices=("fp32", "tf32", "bf16"),
+                   help="LM head matmul of the log-probs; log-softmax always fp32 "
+                   "(default: tf32 on CUDA, fp32 on CPU)")
+    g.add_argument("--mixed_precision", default=None, choices=("no", "bf16", "fp16"),
+                   help="autocast of the policy's forward/backward (default: accelerate's config)")
+
+
+def bad(args, flag, accepted):
+    raise ValueError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
+
+
+def check(args):
+    """Every flag checked and the derived values set (cell, out_dir, agg, loss_kwargs)."""
+    if args.method in gppo.METHODS:   # one name per thing: run.sh and the sweep map names here
+        args.objective, (args.divergence, args.estimator) = "gppo", gppo.METHODS[args.method]
+    elif args.method:
+        args.objective = args.method
+    for flag in ("prompts_per_iter", "prompts_per_update", "max_new_tokens", "iters", "epochs",
+                 "micro_batch_size", "keep_last", "overlong_buffer", "sync_bucket_mb"):
+        if getattr(args, flag) < 1:
+            bad(args, flag, "an integer >= 1")
+    if args.logp_chunk_mb is not None and args.logp_chunk_mb < 1:
+        bad(args, "logp_chunk_mb", "an integer >= 1, or unset (sized from free GPU memory)")
+    if args.group_size < 2:
+        bad(args, "group_size", "2 or more (group-relative advantages need a group)")
+    if args.prompts_per_iter % args.prompts_per_update:
+        bad(args, "prompts_per_iter",
+            f"a multiple of --prompts_per_update={args.prompts_per_update}")
+    if args.max_new_tokens >= args.max_model_len:
+        bad(args, "max_new_tokens",
+            f"fewer tokens than --max_model_len={args.max_model_len} (the prompt needs room)")
+    if args.overlong_buffer >= args.max_new_tokens:
+        bad(args, "overlong_buffer", f"fewer tokens than --max_new_tokens={args.max_new_tokens}")
+    for flag in ("ckpt_every", "eval_every"):
+        if getattr(args, flag) < 0:
+            bad(args, flag, "an integer >= 0")
+    if args.tis_cap is not None and args.tis_cap <= 0:
+        bad(args, "tis_cap", "a positive number")
+    if args.tis_cap is not None and args.mu_source == "vllm":   # mu is vLLM's: corrected twice
+        bad(args, "tis_cap", "unset with --mu_source vllm (TIS reweights from vLLM's mu to the "
+            "trainer's)")
+    for flag in ("kl_coef", "target_kl"):
+        if getattr(args, flag) < 0:
+            bad(args, flag, "a number >= 0")
+    if args.resume and args.overwrite:
+        bad(args, "overwrite", "unset with --resume (one continues the run, the other deletes it)")
+    args.ratio_bounds = None if args.ratio_bounds == "none" else \
+        tuple(float(x) for x in args.ratio_bounds.split(","))
+    args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
+    args.agg, args.loss_kwargs = loss_settings(args)
+    if args.objective == "gppo":   # fails fast on a bad divergence, delta or bounds
+        gppo.check_config(args.divergence, args.estimator, args.delta, args.ratio_bounds,
+                          args.dual_clip, args.agg)
+    grid = args.objective == "gppo"
+    args.cell = f"{args.divergence}-{args.estimator}" if grid else args.objective
+    args.out_dir = args.out_dir or os.path.join("out", f"{args.cell}-seed{args.seed}")
+    return args
+
+
+def loss_settings(args):
+    """(agg, loss_kwargs) of the chosen loss: --agg or the loss's own default aggregation, and
+    --loss_kwargs parsed and checked against the loss's signature, then tried once on a tiny
+    batch so a bad value fails here, not mid-run."""
+    fn = gppo.gppo_loss if args.objective == "gppo" else gppo.BASELINES[args.objective]
+    params = inspect.signature(fn).parameters
+    agg = args.agg or params["agg"].default
+    flagged = {"delta": "--delta", "ratio_bounds": "--ratio_bounds", "dual_clip": "--dual_clip",
+               "agg": "--agg"}
+    fixed = {"logp", "old_logp", "advantages", "mask", "divergence", "estimator", "global_count",
+             "generator", "detach"} | (set(flagged) if args.objective == "gppo" else {"agg"})
+    settable = [k for k in params if k not in fixed]
+    kwargs = {}
+    for item in filter(None, re.split(r",(?=\s*\w+\s*=)", args.loss_kwargs)):   # tuples keep commas
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or key not in settable:
+            hint = f" (it has its own flag, {flagged[key]})" if key in flagged else ""
+            raise ValueError(f"--loss_kwargs: {item!r}{hint}; accepted keys of {fn.__name__}: "
+                             f"{', '.join(settable) or 'none'}, as key=value")
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--loss_kwargs: {key}={value!r} is not a Python literal "
+                             "(number, None, tuple)") from None
+    try:   # a bad value (a negative delta, an eps of the wrong type) raises here
+        one = torch.zeros(1, 2)
+        cell = {"divergence": args.divergence, "estimator": args.estimator} \
+            if args.objective == "gppo" else {}
+        fn(one, one, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), agg=agg, **cell, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--loss_kwargs={args.loss_kwargs!r} for {fn.__name__}: {e}") from None
+    return agg, kwargs

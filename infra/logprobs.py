@@ -1,0 +1,85 @@
+"""Per-token log-probs and entropy of a batch, in memory a 150K vocabulary can afford.
+
+What token_logprobs computes is, in one line (train.py shows it beside its calls):
+    model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+1. Only the response tokens' logits are made, from the decoder's last hidden states, in chunks of at
+   most `chunk_mb` of float32 logits; each chunk's logits are recomputed in the backward pass
+   (torch.utils.checkpoint), so one chunk lives at a time.
+2. The LM head's matmul runs at --head_precision (fp32 on the CPU, tf32 on CUDA, or bf16); the
+   log-softmax is always float32: trainer/sampler mismatch in the ratio starts at the head.
+3. `collate` lays samples out right-padded, with per-token values aligned to the log-probs
+   (position t holds the value for predicting token t+1).
+"""
+import torch
+from accelerate.utils import extract_model_from_parallel
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunk_logp_entropy(hidden, head, targets, precision=None):
+    """The LM head and log-softmax of one chunk. precision: bf16 multiplies bf16 inputs (float32
+    accumulate); fp32 and tf32 multiply float32 inputs, on TF32 tensor cores when train.setup
+    allowed them for the run (tf32 on CUDA). The log-softmax is float32 whatever the choice."""
+    with torch.autocast(hidden.device.type, enabled=False):          # the head as chosen
+        if precision == "bf16":
+            logits = (hidden.bfloat16() @ head.bfloat16().t()).float()  # (n, V)
+        else:
+            logits = hidden.float() @ head.float().t()
+        logp_all = logits.log_softmax(-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)                 # (n,)
+    return logp, entropy.detach()
+
+
+def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=None):
+    """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2.
+
+    The forward goes through the (DDP/FSDP-)wrapped model, so its gradient hooks run, but asks for
+    the logits of one position only; the decoder's output (the normed last hidden states) is taken
+    with a forward hook. chunk_mb: MB of float32 logits per chunk; None: 1/32 of the GPU's free
+    memory on CUDA (at least 256), 256 on the CPU."""
+    inner, seen = extract_model_from_parallel(model), {}
+    hook = inner.get_decoder().register_forward_hook(lambda m, i, out: seen.update(h=out[0]))
+    try:
+        model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False)
+    finally:
+        hook.remove()
+    head = inner.get_output_embeddings().weight                          # (V, H)
+    if hasattr(head, "full_tensor"):                                     # FSDP2 shard -> whole
+        head = head.full_tensor()                                        # (differentiable)
+    targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                 # t predicts t+1
+    h, y = seen["h"][:, :-1][where], targets[where]                      # (N, H), (N,)
+    if chunk_mb is None:   # on GPUs larger chunks run the head at matmul speed
+        free_mb = torch.cuda.mem_get_info(ids.device)[0] >> 20 if ids.is_cuda else 0
+        chunk_mb = max(256, free_mb // 32)
+    rows = max(1, (chunk_mb << 20) // (4 * head.shape[0]))             # tokens per chunk
+    parts = []
+    for s in range(0, len(y), rows):
+        chunk = (h[s:s + rows], head, y[s:s + rows], head_precision)
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logp_entropy, *chunk, use_reentrant=False))
+        else:
+            parts.append(_chunk_logp_entropy(*chunk))
+    logp = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)
+    ent = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)
+    if parts:
+        logp = logp.masked_scatter(where, torch.cat([a for a, _ in parts]))
+        ent = ent.masked_scatter(where, torch.cat([b for _, b in parts]))
+    return logp, ent
+
+
+def collate(batch, idx, pad_id, device, per_token=()):
+    """Right-padded prompt+completion ids of samples `idx`, their completion mask, and each of
+    `per_token` (lists of completion-length values per sample) laid out like the log-probs.
+    (B, T), (B, T), (B, T), then (B, T-1) each."""
+    seqs = [batch.prompt_ids[i] + batch.completion_ids[i] for i in idx]
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(idx), T), dtype=torch.long)
+    resp = torch.zeros((len(idx), T), dtype=torch.long)
+    values = [torch.zeros((len(idx), T - 1)) for _ in per_token]
+    for j, i in enumerate(idx):
+        n_p, n = len(batch.prompt_ids[i]), len(seqs[j])
+        ids[j, :n], attn[j, :n], resp[j, n_p:n] = torch.tensor(seqs[j]), 1, 1
+        for v, src in zip(values, per_token):
+            v[j, n_p - 1:n - 1] = torch.as_tensor(src[i], dtype=torch.float32)
+    return [t.to(device) for t in (ids, attn, resp, *values)]

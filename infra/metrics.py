@@ -1,0 +1,169 @@
+"""What a run measures and where it goes: the update's sums, the iteration's metrics row, the
+metrics.jsonl / console / wandb writer, and the dynamics plot. README "What each metric means".
+
+1. Every rank's sums travel in one gather per iteration (`MetricsLog.row`), so the row is the
+   whole batch's whatever the process count (ratio_max: the largest of any rank).
+2. The update's statistics are token-weighted sums over its passes (`UpdateLog`), turned into
+   means only when the row is made.
+3. One fixed-format console line per iteration, a few sampled completions every --sample_every.
+"""
+import json
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+import gppo
+
+
+class Stopwatch:
+    """time_<phase>_s of each phase of an iteration, and time_iter_s of the whole."""
+
+    def __init__(self):
+        self.start = self.last = time.time()
+        self.times = {}
+
+    def lap(self, phase):
+        now = time.time()
+        self.times[f"time_{phase}_s"], self.last = now - self.last, now
+
+    def total(self):
+        return {**self.times, "time_iter_s": time.time() - self.start}
+
+
+class UpdateLog:
+    """What update() measures, as token-weighted sums over its passes (log rows turn them into
+    means)."""
+
+    def __init__(self):
+        self.sums = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}
+        self.tok_b = [0.0] * gppo.MU_BUCKETS      # tokens per mu bucket
+        self.clip_b = [0.0] * gppo.MU_BUCKETS     # clipped tokens per mu bucket
+        self.norms, self.kls = [], []             # per step: gradient norm, KL(mu || pi) before it
+        self.gap = [0.0, 0]                       # |trainer - vLLM| log-prob sum, count (vllm mu)
+        self.step = [0.0, 0.0]                    # this step's k3 KL sum and token count
+
+    def add(self, st, lp, old_logp, ent, mask, kl_ref=0.0, measure_gap=False):
+        w = mask.sum().item()
+        for k in gppo.STATS:
+            if k == "ratio_max":
+                self.sums[k] = max(self.sums[k], st[k])
+            else:
+                self.sums[k] += st[k] * w
+        for b in range(gppo.MU_BUCKETS):
+            self.tok_b[b] += st["token_frac_by_mu"][b] * w
+            self.clip_b[b] += st["clip_frac_by_mu"][b] * st["token_frac_by_mu"][b] * w
+        self.sums["entropy"] += (ent * mask).sum().item()
+        self.sums["kl_ref"] += kl_ref
+        self.sums["n_tok"] += w
+        self.step = [self.step[0] + st["kl_k3"] * w, self.step[1] + w]
+        if measure_gap and not self.norms:   # mu_source vllm, no step yet: pi is the sampler's
+            self.gap = [self.gap[0] + ((lp - old_logp).abs() * mask).sum().item(), self.gap[1] + w]
+
+    def step_kl(self, acc):
+        """The mini-batch's KL(mu || pi) per token over all ranks (what --target_kl compares)."""
+        s = acc.reduce(torch.tensor(self.step, dtype=torch.float64, device=acc.device), "sum")
+        self.step = [0.0, 0.0]
+        self.kls.append((s[0] / s[1].clamp(min=1)).item())
+        return self.kls[-1]
+
+
+class MetricsLog:
+    """The run's metrics: one row per iteration into metrics.jsonl, wandb and the console."""
+
+    def __init__(self, args, acc, sources, history):
+        self.args, self.acc, self.sources, self.history = args, acc, sources, history
+        self.log = (lambda *a: print(*a, flush=True)) if acc.is_main_process else (lambda *a: None)
+        self.path = os.path.join(args.out_dir, "metrics.jsonl")
+        if acc.is_main_process:   # rewritten, not appended blindly: a crash may have logged
+            with open(self.path + ".tmp", "w") as f:   # iterations past the resumed checkpoint
+                f.writelines(json.dumps(r) + "\n" for r in history)
+            os.replace(self.path + ".tmp", self.path)
+        self.file = open(self.path if acc.is_main_process else os.devnull, "a")
+        self.wandb = None
+        if args.wandb and acc.is_main_process:
+            import wandb   # optional: only runs that ask for it need it installed
+            wandb.init(project=args.wandb, name=os.path.basename(args.out_dir), config=vars(args),
+                       resume="allow")
+            self.wandb = wandb
+
+    def row(self, it, samples, upd, times):
+        """The iteration's metrics row: every rank's sums, named, in one gather."""
+        args, G, s = self.args, self.args.group_size, samples
+        gap = upd.gap if args.mu_source == "vllm" else s.gap
+        groups, shaped = s.rewards.view(-1, G), s.shaped.view(-1, G)
+        src = [s.rows[i // G]["source"] for i in range(len(s.rewards))]
+        by_source = {}
+        for x in self.sources:
+            by_source[f"r:{x}"] = sum(r for r, y in zip(s.rewards.tolist(), src) if y == x)
+            by_source[f"n:{x}"] = src.count(x)
+        local = {"n": len(s.rewards), "reward": s.rewards.sum(), "reward2": (s.rewards ** 2).sum(),
+                 "len": sum(map(len, s.batch.completion_ids)), "truncated": sum(s.batch.truncated),
+                 "kept": s.keep.sum(), "penalty": (s.rewards - s.shaped).sum(),
+                 "groups": len(groups), "solved": (groups.max(1).values > 0).sum(),
+                 "uniform": (shaped.max(1).values == shaped.min(1).values).sum(),
+                 "gap": gap[0], "gap_n": gap[1], **by_source,
+                 **{k: v for k, v in upd.sums.items() if k != "ratio_max"},
+                 **{f"tok{b}": upd.tok_b[b] for b in range(gppo.MU_BUCKETS)},
+                 **{f"clip{b}": upd.clip_b[b] for b in range(gppo.MU_BUCKETS)}}
+        values = [float(v) for v in local.values()] + [upd.sums["ratio_max"]]
+        every = self.acc.gather(torch.tensor([values], dtype=torch.float64,
+                                             device=self.acc.device)).cpu()
+        t = dict(zip(local, every[:, :-1].sum(0).tolist()))
+        N, n_tok = t["n"], max(t["n_tok"], 1.0)
+        means = {k: t[k] / n_tok for k in upd.sums if k not in ("ratio_max", "n_tok")}
+        row = dict(
+            iter=it, reward_mean=t["reward"] / N,
+            reward_std=math.sqrt(max(0.0, (t["reward2"] - t["reward"] ** 2 / N) / max(N - 1, 1))),
+            reward_by_source={x: t[f"r:{x}"] / max(t[f"n:{x}"], 1) for x in self.sources},
+            solve_rate=t["solved"] / t["groups"], response_len=t["len"] / N,
+            truncated_frac=t["truncated"] / N, kept_frac=t["kept"] / N,
+            overlong_penalty=t["penalty"] / N, uniform_group_frac=t["uniform"] / t["groups"],
+            lr=args.lr, logp_gap_vllm=t["gap"] / max(t["gap_n"], 1), **means,
+            ratio_max=every[:, -1].max().item(),
+            token_frac_by_mu=[t[f"tok{b}"] / n_tok for b in range(gppo.MU_BUCKETS)],
+            clip_frac_by_mu=[t[f"clip{b}"] / max(t[f"tok{b}"], 1.0)
+                             for b in range(gppo.MU_BUCKETS)],
+            kl_k3_max=max(upd.kls, default=0.0), updates=len(upd.norms),
+            grad_norm=float(np.mean(upd.norms)) if upd.norms else 0.0, **times)
+        row["tokens_per_s"] = t["len"] / row["time_iter_s"]
+        return row
+
+    def write(self, row, samples):
+        """The row into metrics.jsonl and wandb, its console line, and now and then a few
+        sampled completions with their rewards."""
+        args, G, it = self.args, self.args.group_size, row["iter"]
+        self.history.append(row)
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb:
+            self.wandb.log(row, step=it)
+        self.log(f"iter {it}/{args.iters} | reward {row['reward_mean']:.3f} | "
+                 f"solve {row['solve_rate']:.2f} | clip {row['clip_frac']:.3f} | "
+                 f"ent {row['entropy']:.3f} | len {row['response_len']:.1f} | "
+                 f"kl {row['kl_k3']:.4f} | gn {row['grad_norm']:.2f} | {row['time_iter_s']:.1f}s")
+        if args.sample_every and (it % args.sample_every == 0 or it == args.iters):
+            texts = samples.batch.texts
+            for i in range(0, min(len(texts), 3 * G), G):
+                problem = samples.rows[i // G]["problem"].strip()
+                self.log(f"  [{samples.rewards[i]:.0f}] {problem!r} -> {texts[i]!r}")
+
+    def plot(self, path):
+        """Reward and entropy against iteration (the paper's Figure 2 in spirit)."""
+        import matplotlib   # only the main process plots, once, at the end
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        its = [h["iter"] for h in self.history]
+        fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+        ax[0].plot(its, [h["reward_mean"] for h in self.history])
+        ax[0].set_title(f"{self.args.cell}: reward")
+        ax[1].plot(its, [h["entropy"] for h in self.history])
+        ax[1].set_title("entropy (nats/token)")
+        for a in ax:
+            a.set_xlabel("iteration")
+            a.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
