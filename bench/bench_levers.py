@@ -18,7 +18,7 @@ differ, so compare times per token (the table prints the mean response length to
 Rewards are scored in a thread while mu is computed in every run (train.py does it always); the
 `time_reward_s` column is the wait beyond the log-probs.
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, statistics, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

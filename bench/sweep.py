@@ -925,10 +925,10 @@ def report(out, settings, threads, jobs, invocations, task="default"):
             f"otherwise (delta calibrated per divergence, gppo.default_delta). Warm start: "
             f"`{' '.join(warm_cmd)}`{'' if warm else ' (not available)'}.\n\n"
             + format_table(rows, k, warm) +
-            f"\n## The paper's orderings\n\nEach claim \"a above b\" as the paired a − b over the seeds "
-            f"both finished, next to the paper's Table 1 difference. Rule: **reproduced** when the 95% "
-            f"interval lies above 0, **not reproduced (reversed)** when it lies below 0, **undecided** at "
-            f"this budget when it contains 0 (or fewer than 2 paired seeds); identical regions give a tie.\n\n"
+            "\n## The paper's orderings\n\nEach claim \"a above b\" as the paired a − b over the seeds "
+            "both finished, next to the paper's Table 1 difference. Rule: **reproduced** when the 95% "
+            "interval lies above 0, **not reproduced (reversed)** when it lies below 0, **undecided** at "
+            "this budget when it contains 0 (or fewer than 2 paired seeds); identical regions give a tie.\n\n"
             + format_orderings(orders) +
             f"\n## Per seed: Δ vs GRPO, {' / '.join(map(_short, EVAL_SETS))}\n\n" + format_per_seed(rows) +
             speed_md + clip_md +
