@@ -11,6 +11,8 @@
 #   tiny-rare-math (data/prepare.py --variant rare), about 2 min; its runs go to out/<name>-rare-seed<seed>.
 #   Extra flags go to train.py. The run's folder is --out_dir (or OUT=...), by default
 #   out/<name>-seed<seed> (e.g. out/kl-atomic-seed7), with its log beside it (out/kl-atomic-seed7.log).
+#   A folder that holds a run is never overwritten: add --resume to continue it, --overwrite to
+#   start it afresh.
 #
 # Embedded default (2-core CPU, no GPU, no hub): the committed warm-start model data/tiny/model
 # (data/prepare.py --force rebuilds it), 60 iterations of 64 prompts x 8 completions and two
@@ -22,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "no $PY: run 'bash setup.sh' first (or set PY=python)"; exit 1; }
-usage() { sed -n '2,20p' "$0"; exit 2; }
+usage() { sed -n '2,22p' "$0"; exit 2; }
 [ $# -ge 1 ] || usage
 [ "$1" = sweep ] && { shift; exec "$PY" bench/sweep.py "$@"; }   # cells x seeds, resumable
 
@@ -73,6 +75,9 @@ else
 fi
 mkdir -p "$OUT"
 start=$(date +%s)
-"${LAUNCH[@]}" "${ARGS[@]}" --out_dir "$OUT" --eval_before "$@" 2>&1 | tee "$OUT.log"
+# the log grows: a --resume continues it, and a run that train.py refuses (the folder already
+# holds a run: --resume or --overwrite) adds its message without erasing the earlier run's log
+case " $* " in *" --overwrite "*) : > "$OUT.log" ;; esac
+"${LAUNCH[@]}" "${ARGS[@]}" --out_dir "$OUT" --eval_before "$@" 2>&1 | tee -a "$OUT.log"
 "$PY" eval.py --compare "$OUT/eval_start.json" "$OUT/eval.json"
 echo "done in $(( $(date +%s) - start ))s: policy $OUT/final, metrics $OUT/metrics.jsonl, plot $OUT/dynamics.png, log $OUT.log"

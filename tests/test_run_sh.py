@@ -91,3 +91,21 @@ def test_gitignore_ignores_a_venv_folder_and_a_venv_symlink(tmp_path):
     (repo / ".venv").mkdir()
     (repo / ".venv" / "pyvenv.cfg").write_text("")
     assert git("check-ignore", "-q", ".venv/pyvenv.cfg").returncode == 0, "a .venv folder is not ignored"
+
+
+def test_a_second_run_in_the_same_folder_stops_at_start_and_keeps_the_log(tmp_path):
+    """bash run.sh into a folder that holds a run: train.py stops before loading anything, naming
+    the folder and the two ways on; the earlier run's metrics and log are untouched."""
+    out, log = tmp_path / "kl-atomic-seed0", tmp_path / "kl-atomic-seed0.log"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"iter": 1}\n')
+    log.write_text("the first run's log\n")
+    proc, _ = run(["bash", "run.sh", "kl", "atomic", "--seed=0", "--out_dir", str(out)], timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert f"--out_dir {out} already holds a run" in text and "--resume" in text \
+        and "--overwrite" in text, text
+    assert (out / "metrics.jsonl").read_text() == '{"iter": 1}\n'
+    assert log.read_text().startswith("the first run's log\n") and "already holds a run" in \
+        log.read_text()
+    assert "iter 1/" not in text and "evaluating" not in text   # nothing ran

@@ -330,3 +330,24 @@ def test_mu_from_vllm_trains_like_recomputed_mu(tiny, tmp_path):
     assert moved > 1e-4, f"the update barely moved the weights ({moved:.3g}); the test would be vacuous"
     assert 0 <= gap < 1e-3, f"fp32 vLLM and the trainer disagree by {gap:.3g} nats per token"
     assert rel < 1e-3, f"mu from vLLM changed the update by {rel:.3g} (relative) on the same rollouts"
+
+
+def test_resume_and_overwrite_are_the_two_ways_on_from_a_used_folder(tiny, tmp_path):
+    """A fresh run in a folder that holds a run is refused; --resume continues it, --overwrite
+    starts it afresh (its later checkpoints and metrics rows gone); both at once are refused."""
+    out = tmp_path / "run"
+    base = [PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--backend",
+            "hf", "--prompts_per_iter", "4", "--prompts_per_update", "4", "--group_size", "2",
+            "--max_new_tokens", "16", "--threads", "1", "--out_dir", str(out)]
+    ok(run(base + ["--iters", "1"])[0])
+    again, _ = run(base + ["--iters", "1"])
+    assert again.returncode != 0 and "already holds a run" in again.stderr, again.stderr[-2000:]
+    assert [r["iter"] for r in metrics(out)] == [1]
+    ok(run(base + ["--iters", "2", "--resume"])[0])
+    assert [r["iter"] for r in metrics(out)] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter_000001", "iter_000002"]
+    ok(run(base + ["--iters", "1", "--overwrite"])[0])
+    assert [r["iter"] for r in metrics(out)] == [1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter_000001"]
+    both, _ = run(base + ["--iters", "1", "--resume", "--overwrite"])
+    assert both.returncode != 0 and "--overwrite=True; accepted: unset with --resume" in both.stderr
