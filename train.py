@@ -87,8 +87,7 @@ def parse_args(argv=None):
                    help="no gradient for A<0 tokens with ratio above this, or 'none'")
     g.add_argument("--agg", default=None, choices=gppo.AGGS, help="loss aggregation (default: "
                    "token-mean for the grid, each baseline's own otherwise)")
-    g.add_argument("--loss_kwargs", default="", help="other keywords of a baseline's loss, "
-                   "'k=v,k=v' (e.g. --method gspo --loss_kwargs eps_low=3e-4,eps_high=4e-4)")
+    g.add_argument("--loss_kwargs", default="", help="a baseline's other keywords, 'k=v,k=v'")
     g = p.add_argument_group("sampling and optimisation")
     g.add_argument("--iters", type=int, default=60, help="RL iterations")
     g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts per iteration")
@@ -105,8 +104,7 @@ def parse_args(argv=None):
     g = p.add_argument_group("options of mature trainers (the paper uses none)")
     g.add_argument("--overlong", default="punish", choices=("off", "mask", "punish"),
                    help="truncated responses: kept (the paper), no loss, or DAPO's punishment")
-    g.add_argument("--overlong_buffer", type=int, default=4,
-                   help="punish: reward - (excess over max_new_tokens - buffer) / buffer")
+    g.add_argument("--overlong_buffer", type=int, default=4, help="tokens of punish's ramp")
     g.add_argument("--drop_uniform_groups", action="store_true",
                    help="DAPO's dynamic sampling without the refill: drop equal-reward groups")
     g.add_argument("--tis_cap", type=float, help="truncated IS: weigh by min(pi_old/mu_vllm, cap)")
@@ -161,9 +159,8 @@ def setup(args):
 @dataclass
 class Samples:
     """One iteration's samples on this rank, filled in step by step (tiny-grpo's Experience).
-    Per sample (P_rank x G, groups consecutive): `batch` (rollout.RolloutBatch: prompt and
-    completion ids, vLLM's log-probs, truncated, texts), old_logp and tis ((len_i,) each), rewards,
-    shaped, advantages and keep ((P_rank*G,) each); per prompt: its row and its position 0..P-1."""
+    Per prompt: its row and position 0..P-1; per sample (groups of G consecutive): the rest.
+    `batch`: rollout.RolloutBatch (prompt and completion ids, vLLM log-probs, truncated, texts)."""
     batch: object
     rows: list
     positions: list
