@@ -1,6 +1,9 @@
-"""eval.py's command line: the end-of-run table run.sh prints, and the refusal of a response
-budget that leaves the prompt no room. No model is loaded (a few seconds)."""
+"""eval.py: avg@k against a hand computation on the committed tiny model's samples; the command
+line's end-of-run table (run.sh prints it) and its refusal of a response budget that leaves the
+prompt no room (no model is loaded there). A few seconds."""
 import json
+
+import pytest
 
 from conftest import PY, run
 
@@ -44,3 +47,32 @@ def test_refuses_a_response_budget_at_or_over_the_context(tmp_path):
     assert proc.returncode == 2
     assert "--max_new_tokens=256" in proc.stderr and "fewer tokens than --max_model_len=256" in proc.stderr
     assert "Traceback" not in proc.stderr, "refused by the argument check, before touching the model"
+
+
+def test_avg_at_k_is_the_mean_of_k_samples_by_hand():
+    """eval.avg_at_k on 6 math and 4 code held-out problems, k = 4 samples each from the committed
+    tiny model (--backend hf, seeded): each source's value is the mean of its problems' mean
+    rewards, in % (not the best of k: pass@k differs on these samples). Scored here from the same
+    seeded draw."""
+    import reward
+    from conftest import ROOT
+    from eval import avg_at_k, load_rows
+    from rollout import make_engine
+    model = str(ROOT / "data" / "tiny" / "model")
+    engine = make_engine(model, backend="hf", max_model_len=256, seed=0)
+    rows = [r for name, n in (("tiny-math", 6), ("tiny-code", 4))
+            for r in load_rows(name, "test", None, "plain", engine.tokenizer)[:n]]
+    k, tokens, seed = 4, 40, 5
+    got = avg_at_k(engine, rows, k, tokens, seed=seed)
+    batch = engine.generate([r["prompt_ids"] for r in rows], n=k, max_tokens=tokens, seed=seed)
+    scores = reward.score_rows(batch.texts, [rows[i // k] for i in range(len(batch.texts))])
+    per_problem = [scores[i * k:(i + 1) * k] for i in range(len(rows))]
+    avg, best = {}, {}
+    for src in ("tiny-math", "tiny-code"):
+        mine = [s for r, s in zip(rows, per_problem) if r["source"] == src]
+        avg[src] = 100 * sum(sum(s) / k for s in mine) / len(mine)
+        best[src] = 100 * sum(max(s) for s in mine) / len(mine)
+    avg["all"] = 100 * sum(sum(s) / k for s in per_problem) / len(rows)
+    best["all"] = 100 * sum(max(s) for s in per_problem) / len(rows)
+    assert got == pytest.approx(avg) and list(got) == ["tiny-math", "tiny-code", "all"]
+    assert 0 < avg["all"] < best["all"], "want problems with mixed samples: avg@k and pass@k differ"

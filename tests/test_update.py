@@ -2,7 +2,9 @@
 transformers, and train.py's own functions (advantages, minibatches, update) run on them in-process, with a
 real Accelerator and AdamW. Each test names the invariant it guards; together they catch the refactoring
 bugs an end-to-end run does not (advantages without the std, clipping off, a --target_kl that never fires,
-epochs or mini-batch order lost, micro-batching that changes the update)."""
+epochs or mini-batch order lost, micro-batching that changes the update), and flags that must reach
+the computation (--head_precision, --epochs' reshuffle, --kl_coef's sign and size,
+--drop_uniform_groups, each --agg's whole-mini-batch denominator)."""
 import copy
 import json
 import math
@@ -15,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gppo  # noqa: E402
+import infra.logprobs  # noqa: E402
 import train  # noqa: E402
 from rollout import RolloutBatch  # noqa: E402
 
@@ -48,22 +51,41 @@ def sampled():
     return tok, model.state_dict(), batch, rewards
 
 
-def run_update(sampled, *flags, hook=None):
-    """train.update on the sampled batch under `flags`; returns (UpdateLog, the model after it). `hook`:
-    an optimizer step pre-hook, called with the gradient each AdamW step uses (after clipping)."""
-    from accelerate import Accelerator
+def update_args(*flags):
+    """run_update's flags: the sampled batch's sizes, then `flags`."""
+    return train.parse_args(["--prompts_per_iter", str(P), "--group_size", str(G),
+                             "--prompts_per_update", "2", "--max_new_tokens", "24", "--lr", "1e-3",
+                             *flags])
+
+
+def tiny_model(state):
+    """The committed tiny model holding the weights `state` (a copy)."""
     from transformers import AutoModelForCausalLM
-    tok, state, batch, rewards = sampled
-    args = train.parse_args(["--prompts_per_iter", str(P), "--group_size", str(G), "--prompts_per_update", "2",
-                             "--max_new_tokens", "24", "--lr", "1e-3", *flags])
-    acc = Accelerator(cpu=True)
     model = AutoModelForCausalLM.from_pretrained(os.path.join(TINY, "model"), dtype=torch.float32)
     model.load_state_dict(copy.deepcopy(state))
+    return model
+
+
+def run_update(sampled, *flags, hook=None, ref=None):
+    """train.update on the sampled batch under `flags`; returns (UpdateLog, the model after it).
+    `hook`: an optimizer step pre-hook, called with the gradient each AdamW step uses (after
+    clipping). `ref`: weights (a state dict) of --kl_coef's frozen reference, prepared as
+    train.setup prepares it."""
+    from accelerate import Accelerator
+    tok, state, batch, rewards = sampled
+    args = update_args(*flags)
+    acc = Accelerator(cpu=True)
+    model = tiny_model(state)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if hook:
         opt.register_step_pre_hook(hook)
     model, opt = acc.prepare(model, opt)
-    run = SimpleNamespace(acc=acc, model=model, opt=opt, ref_model=None, pad_id=tok.eos_token_id)
+    ref_model = None
+    if ref is not None:
+        ref_model = acc.prepare_model(tiny_model(ref).eval().requires_grad_(False),
+                                      evaluation_mode=True)
+    run = SimpleNamespace(acc=acc, model=model, opt=opt, ref_model=ref_model,
+                          pad_id=tok.eos_token_id)
     s = train.Samples(batch, rows=None, positions=list(range(P)))
     s.old_logp, s.tis, _ = train.behaviour_logprobs(args, model, batch, tok.eos_token_id, acc.device)
     _, s.advantages, s.keep = train.advantages(args, rewards, batch)
@@ -179,3 +201,155 @@ def test_loss_kwargs_reach_the_loss_and_bad_ones_fail_at_parse_time():
                         (["--method", "sapo", "--loss_kwargs", "tau_pos=fast"], "not a Python literal")]:
         with pytest.raises(ValueError, match=says):
             train.parse_args(flags)
+
+
+# ----------------------------------------------------------------------------------------------
+# flags that must reach the computation: --head_precision, --epochs, --kl_coef,
+# --drop_uniform_groups, --agg's denominator
+
+def logprobs_by_hand(model, ids, attn):
+    """log pi of each next token, (B, T-1): the plain float32 forward, log-softmax, gather."""
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    return logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def test_head_precision_reaches_the_head(sampled):
+    """token_logprobs' head matmul runs at --head_precision, with and without gradient (the
+    checkpointed chunks): fp32 is the plain float32 computation to float32 noise, bf16 differs from
+    it by bf16-sized amounts. behaviour_logprobs (mu) takes the flag from args."""
+    tok, state, batch, _ = sampled
+    model, pad = tiny_model(state), tok.eos_token_id
+    ids, attn, resp = infra.logprobs.collate(batch, list(range(len(batch.texts))), pad, "cpu")
+    mask = resp[:, 1:].bool()
+    plain = logprobs_by_hand(model, ids, attn)[mask]
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            fp32, bf16 = (infra.logprobs.token_logprobs(model, ids, attn, resp, None, hp)[0][mask].detach()
+                          for hp in ("fp32", "bf16"))
+        # measured: fp32 ~1e-6 from the plain forward, bf16 ~1e-2
+        assert (fp32 - plain).abs().max().item() < 1e-5
+        assert 1e-4 < (bf16 - plain).abs().max().item() < 0.1
+    mu = {hp: torch.cat(train.behaviour_logprobs(update_args("--head_precision", hp), model, batch,
+                                                 pad, "cpu")[0]) for hp in ("fp32", "bf16")}
+    assert (mu["fp32"] - plain).abs().max().item() < 1e-5
+    assert 1e-4 < (mu["bf16"] - plain).abs().max().item() < 0.1
+
+
+def test_epochs_reshuffle_inside_update(sampled, monkeypatch):
+    """--epochs 2 in update() itself (8 mini-batches of one prompt): every epoch takes each
+    mini-batch once, the first in sampling order, the second in another order. Recorded where
+    update hands a mini-batch's samples to train.micro_batches."""
+    used, real = [], train.micro_batches
+
+    def spy(args, acc, batch, samples):
+        used.append(sorted({i // G for i in samples}))
+        return real(args, acc, batch, samples)
+
+    monkeypatch.setattr(train, "micro_batches", spy)
+    flags = ["--epochs", "2", "--prompts_per_update", "1", "--target_kl", "0"]
+    log, _ = run_update(sampled, *flags)
+    batches = train.minibatches(update_args(*flags), 1)
+    order = [batches.index(b) for b in used]
+    assert len(batches) == P and len(order) == 2 * P and len(log.norms) == 2 * P
+    assert order[:P] == list(range(P))
+    assert sorted(order[P:]) == list(range(P)) and order[P:] != order[:P], order
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_reference_kl_by_hand(sampled, agg):
+    """train.reference_kl against a hand computation of k3 = e^d - d - 1, d = log ref - log pi per
+    token: the penalty is kl_coef x k3 aggregated, and its gradient wrt log pi is
+    kl_coef x (1 - e^d) over the denominator; a gradient-descent step moves log pi towards log ref
+    at every token."""
+    tok, state, batch, _ = sampled
+    ref = tiny_model(state).eval()
+    ids, attn, resp = infra.logprobs.collate(batch, list(range(12)), tok.eos_token_id, "cpu")
+    mask = resp[:, 1:].float()
+    ref_lp = logprobs_by_hand(ref, ids, attn)
+    g = torch.Generator().manual_seed(0)
+    lp = (ref_lp + 0.3 * torch.randn(ref_lp.shape, generator=g)).requires_grad_()
+    args = train.parse_args(["--kl_coef", "0.5", "--agg", agg])
+    n_tok = mask.sum(-1, keepdim=True)
+    count = mask.sum() if agg == "token-mean" else (n_tok > 0).sum()
+    w = mask / count if agg == "token-mean" else mask / n_tok.clamp(min=1) / count   # token weights
+    penalty, kl_sum = train.reference_kl(args, ref, (ids, attn, resp), lp, mask, count.item())
+    penalty.backward()
+    d = ref_lp - lp.detach()
+    k3 = d.exp() - d - 1
+    assert penalty.item() > 0
+    assert penalty.item() == pytest.approx(0.5 * (k3 * w).sum().item(), rel=1e-5)
+    assert kl_sum == pytest.approx((k3 * mask).sum().item(), rel=1e-5)
+    want = 0.5 * (1 - d.exp()) * w
+    assert (lp.grad - want).abs().max().item() < 1e-4 * want.abs().max().item()
+    towards = -lp.grad * d                 # descent's change of log pi, signed towards log ref
+    assert (towards[mask.bool()] > 0).all()
+
+
+def k3_to(ref, model, batch, pad):
+    """Mean k3 estimate of KL(pi || ref) over the batch's response tokens."""
+    ids, attn, resp = infra.logprobs.collate(batch, list(range(len(batch.texts))), pad, "cpu")
+    m = resp[:, 1:].bool()
+    d = logprobs_by_hand(ref, ids, attn)[m] - logprobs_by_hand(model, ids, attn)[m]
+    return (d.exp() - d - 1).mean().item()
+
+
+def test_reference_kl_pulls_the_policy_to_the_reference(sampled):
+    """--kl_coef through update(): with equal rewards (zero advantages, no overlong shaping) the KL
+    penalty is the whole loss, so the steps bring a perturbed policy closer to the reference."""
+    tok, state, batch, _ = sampled
+    g = torch.Generator().manual_seed(0)
+    moved = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+    flags = ["--kl_coef", "1", "--overlong", "off", "--target_kl", "0", "--lr", "1e-4"]
+    _, adv, _ = train.advantages(update_args(*flags), torch.ones(P * G), batch)
+    assert not adv.any()
+    ref, pad = tiny_model(state), tok.eos_token_id
+    before = k3_to(ref, tiny_model(moved), batch, pad)
+    log, model = run_update((tok, moved, batch, torch.ones(P * G)), *flags, ref=state)
+    after = k3_to(ref, model, batch, pad)
+    print(f"\nKL(pi || ref) before {before:.4g}, after {len(log.norms)} steps {after:.4g}")
+    assert len(log.norms) == P // 2 and log.sums["kl_ref"] > 0
+    # measured: 0.016 -> 0.003 (lr 1e-3 overshoots: 0.07)
+    assert after < 0.5 * before
+
+
+def test_drop_uniform_groups_keeps_exactly_the_mixed_groups():
+    """--drop_uniform_groups: the kept samples are exactly the groups whose rewards are not all
+    equal (the groups with a non-zero advantage), whole groups; without the flag all are kept."""
+    groups = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [0, 1, 1, 1], [.5, .5, .5, .5],
+              [0, 0, .5, 0]]
+    rewards = torch.tensor([r for grp in groups for r in grp], dtype=torch.float32)
+    n = len(rewards)
+    batch = RolloutBatch([[1]] * n, [[5, 5]] * n, [[0.0] * 2] * n, [False] * n, [""] * n)
+    args = train.parse_args(["--group_size", "4", "--overlong", "off", "--drop_uniform_groups"])
+    want = torch.tensor([False, False, True, True, False, True]).repeat_interleave(4)
+    _, adv, keep = train.advantages(args, rewards, batch)
+    assert keep.tolist() == want.tolist()
+    assert keep.tolist() == (adv.view(-1, 4).abs().amax(1) > 0).repeat_interleave(4).tolist()
+    assert train.kept_samples(args, rewards, batch).tolist() == want.tolist()
+    plain = train.parse_args(["--group_size", "4", "--overlong", "off"])
+    assert train.kept_samples(plain, rewards, batch).all()
+
+
+@pytest.mark.parametrize("agg", gppo.AGGS)
+def test_update_denominator_is_the_whole_minibatch(sampled, agg):
+    """--agg's denominator in update(): the first step's gradient, micro-batched 3 sequences a pass,
+    is the gradient of the loss of the whole first mini-batch in one pass with gppo.aggregate's own
+    denominator (tokens for token-mean, sequences for the seq-means), computed here."""
+    tok, state, batch, rewards = sampled
+    flags = ["--agg", agg, "--target_kl", "0", "--grad_clip", "1e9", "--micro_batch_size", "3"]
+    grads = lambda opt: torch.cat([p.grad.flatten() for g in opt.param_groups for p in g["params"]])
+    got = []
+    run_update(sampled, *flags, hook=lambda opt, *a: got.append(grads(opt)))
+    args, model, pad = update_args(*flags), tiny_model(state), tok.eos_token_id
+    old, _, _ = train.behaviour_logprobs(args, model, batch, pad, "cpu")
+    _, adv, keep = train.advantages(args, rewards, batch)
+    batches = train.minibatches(args, 1)
+    idx = [p * G + j for p in batches[0] for j in range(G)]
+    assert keep[idx].all() and len(idx) > 3
+    ids, attn, resp, old_lp = infra.logprobs.collate(batch, idx, pad, "cpu", (old,))
+    lp, _ = infra.logprobs.token_logprobs(model, ids, attn, resp)
+    loss, _ = train.policy_loss(args, lp, old_lp, adv[idx], resp[:, 1:].float(), None)
+    loss.backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert want.norm() > 0 and ((got[0] - want).norm() / want.norm()).item() < 1e-4

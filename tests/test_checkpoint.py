@@ -1,0 +1,118 @@
+"""Checkpoints, in seconds: what a resume restores, and the commit point of a multi-process save.
+
+Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q   (~30 s on 2 cores)
+
+1. In-process, through train.setup itself (--backend hf: no vLLM engine): a run takes an AdamW step,
+   advances the prompt sampler and draws from every RNG, saves with infra.checkpoints.save_checkpoint, then
+   goes on; a second train.setup restored by infra.checkpoints.load_checkpoint must hold the same AdamW
+   moments and weights, and its next sampler draw and RNG draws must be the ones the first run
+   made after the save. (Setup preparing the optimizer with accelerate and registering the sampler
+   for checkpointing is what puts them into save_state.)
+2. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
+   save_state, so iter_N.tmp may be renamed only once every rank's files are in it (the barrier
+   in save_checkpoint); and infra.distributed.micro_batches' denominator sums every rank's share.
+"""
+import copy
+import json
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import PY, ROOT, ok, run
+
+sys.path.insert(0, str(ROOT))
+import train  # noqa: E402
+from infra.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
+
+MODEL = str(ROOT / "data" / "tiny" / "model")     # the committed tiny model and its data sets
+FLAGS = ["--backend", "hf", "--model", MODEL, "--prompts_per_iter", "8", "--prompts_per_update",
+         "4", "--threads", "1", "--seed", "3"]
+
+
+def start(out, *flags):
+    """args and train.setup's run namespace, as train.main starts a run."""
+    args = train.parse_args([*FLAGS, "--out_dir", str(out), *flags])
+    return args, train.setup(args)
+
+
+def step(args, run, it):
+    """An iteration's worth of state changes: the sampler's draw, an AdamW step on its prompt."""
+    chosen = run.sampler.take(args.prompts_per_iter, it)
+    ids = torch.tensor([run.rows[chosen[0]]["prompt_ids"]])
+    loss = run.model(input_ids=ids, labels=ids).loss
+    run.acc.backward(loss)
+    run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
+    return chosen
+
+
+def draws(args, run, it):
+    """What the run draws next: the sampler's prompts and every RNG accelerate checkpoints."""
+    return {"sampler": run.sampler.take(args.prompts_per_iter, it), "torch": torch.rand(4).tolist(),
+            "python": [random.random() for _ in range(3)], "numpy": np.random.rand(3).tolist()}
+
+
+def test_resume_restores_optimizer_sampler_and_rngs(tmp_path):
+    args, a = start(tmp_path)
+    ckpt = os.path.join(args.out_dir, "checkpoints")
+    step(args, a, 1)
+    step(args, a, 2)
+    torch.rand(5), random.random(), np.random.rand(2)        # the RNGs move on from their seeds
+    save_checkpoint(args, a.acc, ckpt, 2)
+    saved_opt = copy.deepcopy(a.opt.state_dict())
+    saved_w = {k: v.clone() for k, v in a.acc.unwrap_model(a.model).state_dict().items()}
+    straight = draws(args, a, 3)
+    step(args, a, 4)                                    # the first run goes on before the resume
+    assert sorted(os.listdir(ckpt)) == ["iter_000002"]
+
+    args_b, b = start(tmp_path, "--resume")
+    path, it = load_checkpoint(args_b, b.acc, ckpt)
+    assert (path, it) == (os.path.join(ckpt, "iter_000002"), 2)
+    got = b.opt.state_dict()
+    assert saved_opt["state"] and got["state"].keys() == saved_opt["state"].keys(), \
+        "AdamW's moments are not in the checkpoint"
+    for k, st in saved_opt["state"].items():
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(got["state"][k][name], st[name]), f"param {k}: {name} not restored"
+    assert got["param_groups"] == saved_opt["param_groups"]
+    w = b.acc.unwrap_model(b.model).state_dict()
+    assert all(torch.equal(w[k], saved_w[k]) for k in saved_w)
+    resumed = draws(args_b, b, 3)
+    for k in straight:
+        assert resumed[k] == straight[k], f"{k}: the resumed run draws other values than the first"
+
+
+# `accelerate launch` with two processes (as tests/test_scale.py): MULTI_CPU over gloo on a CPU
+LAUNCH_2 = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """tests/two_ranks.py under two processes, once: rank 0's result.json."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    ok(run(LAUNCH_2 + [str(ROOT / "tests" / "two_ranks.py"), str(out)], timeout=120)[0])
+    return json.loads((out / "result.json").read_text())
+
+
+def test_checkpoint_commits_only_when_every_rank_wrote(two_ranks):
+    """Rank 1 writes its files 3 s after rank 0: iter_000001.tmp is renamed only once they are in
+    it, so the committed folder holds both ranks' RNG states and no '.tmp' folder is left behind."""
+    assert two_ranks["world"] == 2
+    need = {"random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"}
+    at_commit = two_ranks["at_commit"]["iter_000001"]
+    assert need <= set(at_commit), f"committed before every rank wrote: {at_commit}"
+    assert list(two_ranks["after"]) == ["iter_000001"], two_ranks["after"]
+    assert need <= set(two_ranks["after"]["iter_000001"])
+
+
+def test_micro_batches_denominator_spans_every_rank(two_ranks):
+    """The mini-batch's 5 sequences (3 + 5 + 2 + 7 + 4 = 21 tokens) split 3 / 2 over the ranks: the
+    denominator is every rank's tokens for token-mean and every rank's sequences for the seq-means;
+    the pass count is the larger rank's (2 micro-batches of at most 2 sequences)."""
+    assert two_ranks["counts"] == {"token-mean": [21, 2], "seq-mean-token-mean": [5, 2],
+                                   "seq-mean-token-sum": [5, 2]}

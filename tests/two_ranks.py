@@ -1,0 +1,74 @@
+"""Two-process checks of the trainer's distributed bookkeeping (infra/), run by tests/test_checkpoint.py as
+`accelerate launch --num_processes 2 tests/two_ranks.py OUT` (CPU, gloo). Rank 0 writes
+OUT/result.json for the test to read; nothing here asserts.
+
+- save_checkpoint: rank 1 is slowed before its save_state, so a rename of iter_N.tmp that does not
+  wait for every rank would commit a folder without rank 1's files. Rank 0 lists what the folder
+  holds at the moment of the rename (os.replace watched) and after the save.
+- micro_batches: each rank holds another share of a mini-batch; the denominator each returns must
+  be the whole mini-batch's for every aggregation.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import train  # noqa: E402
+from infra.checkpoints import save_checkpoint  # noqa: E402
+from infra.distributed import micro_batches  # noqa: E402
+from rollout import RolloutBatch  # noqa: E402
+
+
+def main(out):
+    from accelerate import Accelerator
+    acc = Accelerator(cpu=True)
+    rank, result = acc.process_index, {"world": acc.num_processes}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    acc.backward(model(torch.ones(2, 4)).sum())
+    opt.step()
+
+    # -- the commit point of save_checkpoint --
+    args = train.parse_args(["--keep_last", "2"])
+    ckpt = os.path.join(out, "checkpoints")
+    if rank == 1:                                     # the slow rank: its files come 3 s late
+        save = acc.save_state
+        acc.save_state = lambda path: (time.sleep(3), save(path))[1]
+    replace, at_commit = os.replace, {}
+
+    def watched(src, dst):                            # the folder's contents when it is committed
+        if os.path.isdir(src):
+            at_commit[os.path.basename(dst)] = sorted(os.listdir(src))
+        return replace(src, dst)
+
+    os.replace = watched
+    try:
+        save_checkpoint(args, acc, ckpt, 1)
+    finally:
+        os.replace = replace
+    result["at_commit"] = at_commit
+    result["after"] = {n: sorted(os.listdir(os.path.join(ckpt, n)))
+                       for n in sorted(os.listdir(ckpt))}
+
+    # -- micro_batches: one mini-batch of 5 sequences, 3 on rank 0 and 2 on rank 1 --
+    lengths = [3, 5, 2, 7, 4]
+    batch = RolloutBatch([[1]] * 5, [[2] * n for n in lengths], [[0.0] * n for n in lengths],
+                         [False] * 5, [""] * 5)
+    mine = [0, 1, 2] if rank == 0 else [3, 4]
+    result["counts"] = {}
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        margs = train.parse_args(["--agg", agg, "--micro_batch_size", "2"])
+        passes, count = micro_batches(margs, acc, batch, mine)
+        result["counts"][agg] = [count, len(passes)]
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
