@@ -99,8 +99,9 @@ def default_delta(divergence, r_min=0.8):
 
 
 def group_advantages(rewards, G):
-    """GRPO's group-relative advantage (GPPO.md section 2): (R - mean_group) / (std_group + 1e-6)
-    per group of G completions, each group's G samples consecutive. (P*G,) -> (P*G,)"""
+    """GRPO's group-relative advantage, which the paper uses for every method (section 4.1):
+    (R - mean_group) / (std_group + 1e-6) per group of G completions, each group's G samples
+    consecutive. (P*G,) -> (P*G,)"""
     r = rewards.view(-1, G)
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
 

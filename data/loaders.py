@@ -166,7 +166,7 @@ class Hub(NamedTuple):
 
 
 HUB = {
-    # training sets (GPPO.md section 8)
+    # training sets (the paper (arXiv 2610.13015) section 4.1)
     "dapo-math-17k": Hub("BytedTsinghua-SIA/DAPO-Math-17k", "parquet", {"train": "data/dapo-math-17k.parquet"},
                          "math", _dapo, dedup=True),
     "eurus-code": Hub("PRIME-RL/Eurus-2-RL-Data", "parquet",

@@ -79,7 +79,7 @@ def assert_clipped_both_sides(stats, mask, upper, lower):
     assert stats["clip_frac_lower"] == pytest.approx(lower.sum().item() / n)
 
 
-# ---- known methods are cells (GPPO.md section 7) ----
+# ---- known methods are cells (the paper (arXiv 2610.13015) section 3.4) ----
 
 @pytest.mark.parametrize("seed", range(3))
 def test_tv_mc_is_ppo_clip(seed):
@@ -201,11 +201,11 @@ def test_bounds_intersect_ratio_bounds():
 #   twice one minus the Bhattacharyya coefficient of Bernoulli(mu) and Bernoulli(pi). Put sqrt(mu) = cos a,
 #   sqrt(1-mu) = sin a, sqrt(pi) = cos b, sqrt(1-pi) = sin b (a, b in [0, pi/2]): the coefficient is
 #   cos(b - a), so the region is the arc |b - a| <= theta = arccos(1 - delta/2) (the "spherical" geometry
-#   of GPPO.md section 3). pi = cos^2 b falls as b grows: pi_high = cos^2(max(a - theta, 0)) and
-#   pi_low = cos^2(a + theta), or 0 once a + theta >= pi/2.
+#   of the paper (arXiv 2610.13015) section 3.2, eq. 17). pi = cos^2 b falls as b grows:
+#   pi_high = cos^2(max(a - theta, 0)) and pi_low = cos^2(a + theta), or 0 once a + theta >= pi/2.
 
 PLAIN_F = {"chi2": lambda r: (r - 1) ** 2, "hellinger": lambda r: (math.sqrt(r) - 1) ** 2}   # eqs. 15, 17
-PLAIN_DELTA = {"chi2": 0.2 ** 2, "hellinger": (math.sqrt(0.8) - 1) ** 2}   # |f(0.8)|, GPPO.md section 6
+PLAIN_DELTA = {"chi2": 0.2 ** 2, "hellinger": (math.sqrt(0.8) - 1) ** 2}   # |f(0.8)|, the paper's section 4.1
 CLOSED_D = {"chi2": lambda mu, r: mu * (r - 1) ** 2 / (1 - mu),
             "hellinger": lambda mu, r: 2 * (1 - mu * math.sqrt(r) - math.sqrt((1 - mu) * (1 - mu * r)))}
 # both regimes of each side occur: a side reaches its end of [0, 1/mu] (chi2: low for mu <= delta/(1+delta),
