@@ -36,6 +36,7 @@ ESTIMATE_CHUNK = 1 << 16  # tokens per float64 pass of estimate(): 512 KB tempor
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STATS = ("clip_frac", "clip_frac_upper", "clip_frac_lower", "clip_frac_bounds", "clip_frac_dual",
          "ratio_mean", "ratio_max", "div_mean", "kl_k3")
+CLIP_STATS = tuple(k for k in STATS if k.startswith("clip_frac"))  # the masks a loss hands _stats
 # Where the region bites (the measured counterpart of the paper's Figure 1): tokens bucketed by
 # their behaviour probability mu < 0.01 | < 0.1 | < 0.5 | >= 0.5. `token_frac_by_mu`: share of the
 # valid tokens in each bucket; `clip_frac_by_mu`: share of each bucket's tokens that were clipped.
@@ -184,20 +185,28 @@ def _reinforce(weight, log_x):
 
 
 def _stats(valid, log_r, old, d=None, **clipped):
-    """Python floats over the valid tokens: the STATS (masks in `clipped`: name -> (B, T) bool;
-    missing ones are 0) and the BY_MU lists, bucketed by mu. d = |D(r)| for div_mean, capped at 1e6
-    (kl-binary is infinite at pi = 1). Off the mask _prepare made log r = log mu = 0, so r - 1, k3
-    and D are 0 there and their plain sums are sums over the valid tokens."""
+    """Python floats over the valid tokens: the STATS (masks in `clipped`: CLIP_STATS name ->
+    (B, T) bool; missing ones are 0) and the BY_MU lists, bucketed by mu. d = |D(r)| for div_mean,
+    capped at 1e6 (kl-binary is infinite at pi = 1). Off the mask _prepare made log r = log mu = 0,
+    so r - 1, k3 and D are 0 there and their plain sums are sums over the valid tokens. Each value
+    is computed under its name and read back by name: a misspelt mask or a STATS name with no value
+    raises instead of mislabelling."""
+    unknown = sorted(set(clipped) - set(CLIP_STATS))
+    if unknown:
+        raise ValueError(f"_stats: unknown mask {unknown[0]!r}; masks: {', '.join(CLIP_STATS)}")
     with torch.no_grad():
         n = valid.count_nonzero().clamp(min=1)              # a bool .sum() would copy to int64
         log_r = log_r.detach()
         r = log_r.exp()
         zero = log_r.new_zeros(())
-        values = [(clipped[k] & valid).count_nonzero() / n if k in clipped else zero
-                  for k in STATS[:5]] + [
-            1 + (r - 1).sum() / n, torch.where(valid, r, 0).amax() if r.numel() else zero,
-            zero if d is None else d.clamp(max=1e6).sum() / n,
-            (r - 1 - log_r).sum() / n]                      # kl_k3: k3 estimate of KL(mu || pi)
+        values = {k: (clipped[k] & valid).count_nonzero() / n if k in clipped else zero
+                  for k in CLIP_STATS}
+        values.update(ratio_mean=1 + (r - 1).sum() / n,
+                      ratio_max=torch.where(valid, r, 0).amax() if r.numel() else zero,
+                      div_mean=zero if d is None else d.clamp(max=1e6).sum() / n,
+                      kl_k3=(r - 1 - log_r).sum() / n)      # k3 estimate of KL(mu || pi)
+        if values.keys() != set(STATS):
+            raise AssertionError(f"_stats computes {sorted(values)}, STATS names {sorted(STATS)}")
         k = MU_BUCKETS
         # 0: mu < 0.01, ..., 3: mu >= 0.5; padding in a bucket of its own
         bucket = sum((old >= math.log(e)).to(torch.uint8) for e in MU_EDGES)
@@ -206,7 +215,7 @@ def _stats(valid, log_r, old, d=None, **clipped):
         in_bucket = torch.bincount(bucket, minlength=k + 1)[:k]
         clip_bucket = torch.where(clip.flatten(), bucket, k)
         clipped_in_bucket = torch.bincount(clip_bucket, minlength=k + 1)[:k]
-        v = torch.cat([torch.stack([x.float() for x in values]), (in_bucket / n).float(),
+        v = torch.cat([torch.stack([values[s].float() for s in STATS]), (in_bucket / n).float(),
                        (clipped_in_bucket / in_bucket.clamp(min=1)).float()]).tolist()   # one sync
     return {**dict(zip(STATS, v[:len(STATS)])), "token_frac_by_mu": v[len(STATS):len(STATS) + k],
             "clip_frac_by_mu": v[len(STATS) + k:]}

@@ -337,6 +337,23 @@ def test_stats_keys_and_values():
     assert loss.item() == pytest.approx(-(adv[:, None] * (logp - old).exp())[mask].mean().item(), rel=1e-5)
 
 
+def test_stats_pair_values_with_names(monkeypatch):
+    """_stats labels each value by its name, not by its place in STATS: reordering STATS changes no
+    value, a STATS name nothing computes raises, and so does a misspelt mask name."""
+    logp, old, adv, mask = batch(0, spread=1.0)
+    _, want = gppo.gppo_loss(logp, old, adv, mask, "kl", "binary")
+    assert len(set(want[k] for k in gppo.STATS)) == len(gppo.STATS)    # distinct values: a swap shows
+    monkeypatch.setattr(gppo, "STATS", gppo.STATS[::-1])
+    assert gppo.gppo_loss(logp, old, adv, mask, "kl", "binary")[1] == want
+    monkeypatch.setattr(gppo, "STATS", gppo.STATS + ("entropy",))
+    with pytest.raises(AssertionError, match="entropy"):
+        gppo.gppo_loss(logp, old, adv, mask, "kl", "binary")
+    monkeypatch.undo()
+    valid, _, old_, log_r, _ = gppo._prepare(logp, old, adv, mask)
+    with pytest.raises(ValueError, match="clip_frac_uper"):
+        gppo._stats(valid, log_r, old_, clip_frac_uper=valid)
+
+
 # ---- where the region bites: the stats by behaviour probability (BY_MU) ----
 
 def test_by_mu_hand_example():
