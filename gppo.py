@@ -68,6 +68,70 @@ def binary(f, r, mu, r_c, mu_c): return mu * f(r) + mu_c * f(r_c)        # eq. 2
 
 DIVERGENCES = {"tv": tv, "chi2": chi2, "kl": kl, "hellinger": hellinger, "js": js}
 ESTIMATORS = {"mc": mc, "atomic": atomic, "binary": binary}
+
+# Parametric families, not in the paper: name -> (parameter -> generator f obeying the rule above;
+# ValueError for a parameter outside the family's domain). The divergence "alpha:0.5" is
+# FAMILIES["alpha"](0.5), resolved by get_divergence like every name. Families stay out of
+# DIVERGENCES, so what iterates it (the sweep's default cells, the region plot) is unchanged.
+ALPHA_MAX = 1e6  # |a| bound of the alpha family: keeps a (a - 1) and a r finite in float64
+
+
+def alpha(a):
+    """Amari's alpha-divergence generator f_a(r) = (r^a - a r + a - 1) / (a (a - 1)), for any real
+    a with |a| <= ALPHA_MAX. a = 2 is chi2 / 2 and a = 0.5 is 2 x hellinger: the same regions as
+    chi2's and hellinger's, since default_delta scales with f. a = 1 and a = 0 are the limits
+    r log r - r + 1 (KL(pi || mu)) and r - 1 - log r (KL(mu || pi); unlike kl's -log r it is >= 0
+    per token, so its regions differ from kl's). Computed so that both terms of the numerator
+    shrink with the distance to the nearer limit (digits kept for a near 0 or 1): expm1(a log r)
+    - a (r - 1) for a < 1/2, r expm1((a - 1) log r) - (a - 1)(r - 1) otherwise. At r = 0 f is
+    1/a for a > 0 and +inf for a <= 0; for large r it is finite or +inf (a > 1)."""
+    a = float(a)
+    if not abs(a) <= ALPHA_MAX:                             # NaN fails too
+        raise ValueError(f"alpha:A takes a finite number A with |A| <= {ALPHA_MAX:g}, got {a!r}")
+    if a == 1:
+        return lambda r: torch.xlogy(r, r) - r + 1
+    if a == 0:
+        return lambda r: r - 1 - torch.log(r)
+    if a < 0.5:
+        return lambda r: (torch.expm1(a * torch.log(r)) - a * (r - 1)) / (a * (a - 1))
+    # r^a - r, written r expm1((a - 1) log r), is 0 at r = 0 (0 * inf there for a < 1)
+    return lambda r: (torch.where(r > 0, r * torch.expm1((a - 1) * torch.log(r)), 0.0)
+                      - (a - 1) * (r - 1)) / (a * (a - 1))
+
+
+FAMILIES = {"alpha": alpha}
+
+
+def divergence_names():
+    """What a divergence name may be, for help texts and errors: the DIVERGENCES, then FAMILY:A
+    for each family (e.g. ['tv', 'chi2', 'kl', 'hellinger', 'js', 'alpha:A'])."""
+    return [*DIVERGENCES, *(f"{k}:A" for k in FAMILIES)]
+
+
+def get_divergence(name):
+    """The generator f of the divergence `name`: a DIVERGENCES key, or FAMILY:A with A a number in
+    the family's domain ("alpha:0.5"). Every function here that takes a divergence name resolves
+    it with this; ValueError naming the value and what is accepted."""
+    if isinstance(name, str) and name in DIVERGENCES:
+        return DIVERGENCES[name]
+    family, colon, param = str(name).partition(":")
+    accepted = f"accepted: {', '.join(divergence_names())}"
+    if family in FAMILIES:
+        if not colon:
+            raise ValueError(f"divergence {name!r} needs a parameter, {family}:A; {accepted}")
+        try:
+            a = float(param)
+        except ValueError:
+            raise ValueError(f"divergence {name!r}: its parameter {param!r} is not a number; "
+                             f"{accepted}") from None
+        try:
+            return FAMILIES[family](a)
+        except ValueError as e:
+            raise ValueError(f"divergence {name!r}: {e}") from None
+    if colon and family in DIVERGENCES:
+        raise ValueError(f"divergence {name!r}: {family} takes no parameter; {accepted}")
+    raise ValueError(f"unknown divergence {name!r}; {accepted}")
+
 # Known methods as cells (paper section 3.4). "dapo" is the paper's mapping of clip-higher to
 # kl-mc: region [e^-delta, e^delta] = [0.8, 1.25]; DAPO's own [0.8, 1.28] is no kl-mc region
 # (symmetric in log r).
@@ -77,11 +141,12 @@ METHODS = {"grpo": ("tv", "mc"), "ppo": ("tv", "mc"), "dapo": ("kl", "mc"),
 
 def estimate(log_r, log_mu, divergence, estimator):
     """|D(r)| per token in float64 (eqs. 18-20, choice 5), from log r and log mu; no gradient.
+    `divergence`: any name get_divergence accepts ("kl", "alpha:0.5"), as everywhere below.
     Done ESTIMATE_CHUNK tokens at a time: freed whole-batch float64 temporaries go back to the OS
     and are page-faulted in again on the next call, which cost the binary cells more than their
     arithmetic on the CPU (bench_objective, 1M tokens: tv/kl/hellinger-binary 5.3-6.7x plain PPO
     whole, 3.0-4.0x chunked)."""
-    f = _lookup(DIVERGENCES, divergence, "divergence")
+    f = get_divergence(divergence)
     est = _lookup(ESTIMATORS, estimator, "estimator")
     with torch.no_grad():
         chunks = zip(log_r.flatten().split(ESTIMATE_CHUNK), log_mu.flatten().split(ESTIMATE_CHUNK))
@@ -102,7 +167,7 @@ def _estimate_flat(f, est, log_r, log_mu):
 
 def default_delta(divergence, r_min=0.8):
     """delta = |f(r_min)|: the mc region's lower bound is PPO's r_min (paper section 4.1)."""
-    f = _lookup(DIVERGENCES, divergence, "divergence")
+    f = get_divergence(divergence)
     if not 0 < r_min < 1:
         raise ValueError(f"r_min must be in (0, 1), got {r_min!r}")
     return abs(float(f(torch.tensor(r_min, dtype=torch.float64))))
@@ -126,7 +191,7 @@ def check_config(divergence, estimator, delta=None, ratio_bounds=None, dual_clip
                  agg="token-mean"):
     """The region's settings checked (train.py calls this at load time); returns delta,
     defaulted."""
-    _lookup(DIVERGENCES, divergence, "divergence"), _lookup(ESTIMATORS, estimator, "estimator")
+    get_divergence(divergence), _lookup(ESTIMATORS, estimator, "estimator")
     _lookup(AGGS, agg, "agg")
     delta = default_delta(divergence) if delta is None else delta
     if not delta > 0:
