@@ -2,8 +2,9 @@
 GPPO: the {Divergence x Estimator} proximal region as a policy loss, plus the paper's baselines.
 
 Pure math: tensors in, (loss, stats) out. The paper is "Generalized Proximal Policy Optimization"
-(Cai et al., arXiv 2610.13015); equation and section numbers below are its own.
-`python gppo.py [--out FILE]` prints every cell's region at a few mu and plots them against mu.
+(Cai et al., arXiv 2610.13015); equation and section numbers below are its own. `python gppo.py`
+prints every cell's region at a few mu (and the alpha family's, `alpha:A`);
+`python bench/plot_regions.py` plots them against mu (out/gppo_regions.png).
 
 Choices, in the order a reader meets them:
 1. The clip is a mask (paper eq. 11, section 3.1): a token gives no policy gradient exactly when
@@ -517,49 +518,23 @@ BASELINES = {"gspo": gspo_loss, "gmpo": gmpo_loss, "sapo": sapo_loss, "cispo": c
              "clip_cov": clip_cov_loss, "drpo": drpo_loss, "dgpo": dgpo_loss}
 
 # -----------------------------------------------------------------------------
-# `python gppo.py`: the region of every cell at the default delta, as a table and as a plot.
+# `python gppo.py`: the region of every cell at the default delta, as a table (the plot of them
+# against mu is bench/plot_regions.py's, so this module needs no plotting library).
 
 if __name__ == "__main__":
     import argparse
-    parser = argparse.ArgumentParser(description="Print and plot the GPPO proximal regions.")
-    parser.add_argument("--out", default="gppo_regions.png", help="where to write the PNG plot")
-    args = parser.parse_args()
-
+    argparse.ArgumentParser(description="Print every cell's proximal region at a few mu (plot: "
+                            "python bench/plot_regions.py).").parse_args()
     mus = [0.99, 0.9, 0.5, 0.1, 0.01, 0.001]
     old = torch.tensor(mus).log()
     print("region [low, high] of r = pi/mu at the default delta (ratio_bounds off)")
     print(f"{'cell':<17}{'delta':>9}  " + "".join(f" {'mu=' + str(m):^22}" for m in mus))
-    for div in DIVERGENCES:
+    for div in [*DIVERGENCES, "alpha:0.5", "alpha:3"]:
         for est in ESTIMATORS:
             low, high = proximal_bounds(old, div, est, ratio_bounds=None)
-            cells = "".join(f" {f'[{lo:.4g}, {hi:.4g}]':^22}" for lo, hi in zip(low.tolist(), high.tolist()))
+            cells = "".join(f" {f'[{lo:.4g}, {hi:.4g}]':^22}"
+                            for lo, hi in zip(low.tolist(), high.tolist()))
             print(f"{div + '-' + est:<17}{default_delta(div):>9.5g}  {cells}")
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    mu = torch.logspace(-4, math.log10(0.999), 400, dtype=torch.float64)
-    rows = math.ceil(len(DIVERGENCES) / 3)                              # one panel per divergence
-    fig, axes = plt.subplots(rows, 3, figsize=(13, 3.75 * rows), sharex=True, sharey=True, squeeze=False)
-    for ax, div in zip(axes.flat, DIVERGENCES):
-        for est, color in zip(ESTIMATORS, ("tab:blue", "tab:orange", "tab:green")):
-            low, high = proximal_bounds(mu.log(), div, est, ratio_bounds=None)
-            ax.plot(mu, high, color=color, label=est)
-            ax.plot(mu, low, color=color, ls="--")
-        ax.axhline(1, color="grey", lw=0.5)
-        ax.axhspan(0.5, 10, color="grey", alpha=0.06, lw=0)              # default ratio_bounds
-        ax.set(xscale="log", yscale="log", ylim=(0.05, 20), title=f"{div}  (delta = {default_delta(div):.4g})")
-        ticks = [0.1, 0.2, 0.5, 0.8, 1.25, 2, 5, 10]
-        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-        ax.minorticks_off()
-    for ax in axes.flat[len(DIVERGENCES):]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("mu = behaviour probability of the sampled token")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("r = pi / mu  (upper solid, lower dashed)")
-    axes.flat[0].legend(loc="upper right", title="estimator")
-    fig.suptitle("GPPO proximal regions {r : |D(r)| <= delta} against mu (shaded: ratio_bounds [0.5, 10])")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    print(f"any alpha:A works, |A| <= {ALPHA_MAX:g} (e.g. --divergence alpha:-1): alpha:2 has "
+          f"chi2's regions, alpha:0.5 hellinger's; alpha:1 and alpha:0 are the KL limits "
+          f"r log r - r + 1 and r - 1 - log r")

@@ -625,9 +625,33 @@ def test_bad_names_elsewhere_raise():
         gppo.proximal_bounds(torch.tensor([-1.0]), "tv", "topk")
 
 
-def test_main_prints_table_and_writes_plot(tmp_path):
-    out = tmp_path / "regions.png"
-    res = subprocess.run([sys.executable, os.path.join(os.path.dirname(gppo.__file__), "gppo.py"),
-                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def test_main_prints_table_without_plotting():
+    """`python gppo.py` prints every cell's region, examples of the alpha family and the line saying
+    any alpha:A works, and imports no plotting library (gppo.py is pure math)."""
+    code = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+            "print('matplotlib' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "gppo.py")],
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "kl-atomic" in res.stdout and out.stat().st_size > 10_000
+    lines = res.stdout.splitlines()
+    assert lines[-1] == "False" and lines[-2].startswith("any alpha:A works")
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines[2:-2]}
+    assert list(rows) == [f"{d}-{e}" for d in [*gppo.DIVERGENCES, "alpha:0.5", "alpha:3"] for e in gppo.ESTIMATORS]
+    for est in gppo.ESTIMATORS:           # the same regions as hellinger's, at twice its delta
+        assert rows[f"alpha:0.5-{est}"].split(None, 1)[1] == rows[f"hellinger-{est}"].split(None, 1)[1]
+
+
+def test_plot_regions_writes_png(tmp_path):
+    """bench/plot_regions.py draws the regions; by default into out/gppo_regions.png under the
+    working directory, creating out/; parametric names work, bad ones are refused."""
+    script = os.path.join(ROOT, "bench", "plot_regions.py")
+    res = subprocess.run([sys.executable, script, "--divergences", "kl,alpha:0.5"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "out" / "gppo_regions.png").stat().st_size > 10_000
+    res = subprocess.run([sys.executable, script, "--divergences", "kl,alpha:x", "--out", str(tmp_path / "x.png")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "'alpha:x'" in res.stderr and not (tmp_path / "x.png").exists()
