@@ -2,18 +2,21 @@
 GPPO: the {Divergence x Estimator} proximal region as a policy loss, plus the paper's baselines.
 
 Pure math: tensors in, (loss, stats) out. The paper is "Generalized Proximal Policy Optimization"
-(Cai et al., arXiv 2610.13015); equation numbers below are its own. `python gppo.py [--out FILE]`
-prints every cell's region at a few mu and plots them against mu.
+(Cai et al., arXiv 2610.13015); equation and section numbers below are its own. `python gppo.py`
+prints every cell's region at a few mu (and the alpha family's, `alpha:A`);
+`python bench/plot_regions.py` plots them against mu (out/gppo_regions.png).
 
 Choices, in the order a reader meets them:
-1. The clip is a mask (paper section 5): a token gives no policy gradient exactly when |D(r)| > delta
-   and r left the region on the side its advantage pushes (r > 1 & A > 0, or r < 1 & A < 0); every
-   other token gives A * grad r. Binary regions have no closed form, so we never compute clip_R(r).
+1. The clip is a mask (paper eq. 11, section 3.1): a token gives no policy gradient exactly when
+   |D(r)| > delta and r left the region on the side its advantage pushes (r > 1 & A > 0, or
+   r < 1 & A < 0); every other token gives A * grad r. Binary regions have no closed form, so we
+   never compute clip_R(r).
 2. The textbook form: obj = A * r; loss = -agg(torch.where(clipped, obj.detach(), obj)). The *value*
    is every token's -A r (comparable across cells), the gradient only the kept tokens'.
-3. "Dual clipping with bounds 0.5 and 10" (paper section 4.1) is, in our reading, two rules: the region
-   is intersected with `ratio_bounds` (the public RIPO code bounds its interval by [0.5, 10]), and
-   tokens with A < 0 and r > dual_clip give no gradient (classic dual clip, Ye et al. 2020).
+3. "Dual clipping with bounds 0.5 and 10" (paper section 4.1) is, in our reading, two rules: the
+   region is intersected with `ratio_bounds` (the public RIPO code bounds its interval by
+   [0.5, 10]), and tokens with A < 0 and r > dual_clip give no gradient (classic dual clip,
+   Ye et al. 2020).
 4. log r is clamped to +-20 before exp (r in [2e-9, 5e8]), so loss and gradient stay finite; beyond
    the clamp its own zero gradient removes the token, where ratio_bounds would anyway.
 5. |D(r)| decides who is clipped and needs no gradient, so it is computed in float64: binary's
@@ -22,29 +25,32 @@ Choices, in the order a reader meets them:
 6. Aggregation (`aggregate`) takes `global_count`, the denominator over the whole update (every
    micro-batch and rank), so summed micro-batch gradients equal the whole-batch gradient exactly.
 7. Baselines (GSPO, GMPO, SAPO, CISPO, Clip-Cov, DRPO, DGPO) follow their authors' definitions and
-   default aggregation (each signature's `agg`), and share _prepare, aggregate and _stats with the grid.
+   default aggregation (each signature's `agg`), and share _prepare, aggregate and _stats with the
+   grid.
 """
 import math
 
 import torch
 
 LOG_RATIO_CLAMP = 20.0  # choice 4
-ESTIMATE_CHUNK = 1 << 16  # tokens per float64 pass in estimate() (512 KB temporaries: they stay in the heap)
+ESTIMATE_CHUNK = 1 << 16  # tokens per float64 pass of estimate(): 512 KB temporaries, kept in heap
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STATS = ("clip_frac", "clip_frac_upper", "clip_frac_lower", "clip_frac_bounds", "clip_frac_dual",
          "ratio_mean", "ratio_max", "div_mean", "kl_k3")
-# Where the region bites (the measured counterpart of the paper's Figure 1): tokens bucketed by their
-# behaviour probability mu < 0.01 | < 0.1 | < 0.5 | >= 0.5. `token_frac_by_mu`: share of the valid tokens
-# in each bucket; `clip_frac_by_mu`: share of each bucket's tokens that were clipped.
+CLIP_STATS = tuple(k for k in STATS if k.startswith("clip_frac"))  # the masks a loss hands _stats
+# Where the region bites (the measured counterpart of the paper's Figure 1): tokens bucketed by
+# their behaviour probability mu < 0.01 | < 0.1 | < 0.5 | >= 0.5. `token_frac_by_mu`: share of the
+# valid tokens in each bucket; `clip_frac_by_mu`: share of each bucket's tokens that were clipped.
 MU_EDGES = (0.01, 0.1, 0.5)
 MU_BUCKETS = len(MU_EDGES) + 1
 BY_MU = ("token_frac_by_mu", "clip_frac_by_mu")
 
 # -----------------------------------------------------------------------------
-# Divergence generators f(r), r = pi/mu, f convex with f(1) = 0 (paper eqs. 14-17). A new divergence
-# is one line here. Rule: it receives float64 r anywhere in [0, ~1e45] (binary's complement ratio, for
-# 1 - mu as small as float32's smallest denormal) and must give a finite value or +inf there, never NaN,
-# and 0 at r = 1; tests/test_gppo.py::test_divergence_rule checks it (README "How to add a divergence").
+# Divergence generators f(r), r = pi/mu, f convex with f(1) = 0 (paper eqs. 14-17, section 3.2). A
+# new divergence is one line here. Rule: it receives float64 r anywhere in [0, ~1e45] (binary's
+# complement ratio, for 1 - mu as small as float32's smallest denormal) and must give a finite value
+# or +inf there, never NaN, and 0 at r = 1; tests/test_gppo.py::test_divergence_rule checks it
+# (README "How to add a divergence").
 
 def tv(r):        return (r - 1).abs() / 2                  # eq. 14, total variation
 def chi2(r):      return (r - 1) ** 2                       # eq. 15, Pearson chi^2
@@ -53,8 +59,9 @@ def hellinger(r): return (torch.sqrt(r) - 1) ** 2           # eq. 17, squared He
 # Not in the paper: Jensen-Shannon, JS(pi, mu) with m = (pi + mu)/2; xlogy makes js(0) = log(2)/2.
 def js(r):        return (torch.xlogy(r, r) - torch.xlogy(r + 1, (r + 1) / 2)) / 2
 
-# Estimators D(r) of D_f(pi || mu) from the one sampled token (eqs. 18-20). mu: its behaviour
-# probability; mu_c = 1 - mu and r_c = (1 - pi)/(1 - mu): mass and ratio of "every other token".
+# Estimators D(r) of D_f(pi || mu) from the one sampled token (eqs. 18-20, section 3.3). mu: its
+# behaviour probability; mu_c = 1 - mu and r_c = (1 - pi)/(1 - mu): mass and ratio of "every other
+# token".
 
 def mc(f, r, mu, r_c, mu_c):     return f(r)                             # eq. 18
 def atomic(f, r, mu, r_c, mu_c): return mu * f(r)                        # eq. 19
@@ -62,45 +69,115 @@ def binary(f, r, mu, r_c, mu_c): return mu * f(r) + mu_c * f(r_c)        # eq. 2
 
 DIVERGENCES = {"tv": tv, "chi2": chi2, "kl": kl, "hellinger": hellinger, "js": js}
 ESTIMATORS = {"mc": mc, "atomic": atomic, "binary": binary}
-# Known methods as cells (paper section 3.4). "dapo" is the paper's mapping of clip-higher to kl-mc:
-# region [e^-delta, e^delta] = [0.8, 1.25]; DAPO's own [0.8, 1.28] is no kl-mc region (symmetric in log r).
+
+# Parametric families, not in the paper: name -> (parameter -> generator f obeying the rule above;
+# ValueError for a parameter outside the family's domain). The divergence "alpha:0.5" is
+# FAMILIES["alpha"](0.5), resolved by get_divergence like every name. Families stay out of
+# DIVERGENCES, so what iterates it (the sweep's default cells, the region plot) is unchanged.
+ALPHA_MAX = 1e6  # |a| bound of the alpha family: keeps a (a - 1) and a r finite in float64
+
+
+def alpha(a):
+    """Amari's alpha-divergence generator f_a(r) = (r^a - a r + a - 1) / (a (a - 1)), for any real
+    a with |a| <= ALPHA_MAX. a = 2 is chi2 / 2 and a = 0.5 is 2 x hellinger: the same regions as
+    chi2's and hellinger's, since default_delta scales with f. a = 1 and a = 0 are the limits
+    r log r - r + 1 (KL(pi || mu)) and r - 1 - log r (KL(mu || pi); unlike kl's -log r it is >= 0
+    per token, so its regions differ from kl's). Computed so that both terms of the numerator
+    shrink with the distance to the nearer limit (digits kept for a near 0 or 1): expm1(a log r)
+    - a (r - 1) for a < 1/2, r expm1((a - 1) log r) - (a - 1)(r - 1) otherwise. At r = 0 f is
+    1/a for a > 0 and +inf for a <= 0; for large r it is finite or +inf (a > 1)."""
+    a = float(a)
+    if not abs(a) <= ALPHA_MAX:                             # NaN fails too
+        raise ValueError(f"alpha:A takes a finite number A with |A| <= {ALPHA_MAX:g}, got {a!r}")
+    if a == 1:
+        return lambda r: torch.xlogy(r, r) - r + 1
+    if a == 0:
+        return lambda r: r - 1 - torch.log(r)
+    if a < 0.5:
+        return lambda r: (torch.expm1(a * torch.log(r)) - a * (r - 1)) / (a * (a - 1))
+    # r^a - r, written r expm1((a - 1) log r), is 0 at r = 0 (0 * inf there for a < 1)
+    return lambda r: (torch.where(r > 0, r * torch.expm1((a - 1) * torch.log(r)), 0.0)
+                      - (a - 1) * (r - 1)) / (a * (a - 1))
+
+
+FAMILIES = {"alpha": alpha}
+
+
+def divergence_names():
+    """What a divergence name may be, for help texts and errors: the DIVERGENCES, then FAMILY:A
+    for each family (e.g. ['tv', 'chi2', 'kl', 'hellinger', 'js', 'alpha:A'])."""
+    return [*DIVERGENCES, *(f"{k}:A" for k in FAMILIES)]
+
+
+def get_divergence(name):
+    """The generator f of the divergence `name`: a DIVERGENCES key, or FAMILY:A with A a number in
+    the family's domain ("alpha:0.5"). Every function here that takes a divergence name resolves
+    it with this; ValueError naming the value and what is accepted."""
+    if isinstance(name, str) and name in DIVERGENCES:
+        return DIVERGENCES[name]
+    family, colon, param = str(name).partition(":")
+    accepted = f"accepted: {', '.join(divergence_names())}"
+    if family in FAMILIES:
+        if not colon:
+            raise ValueError(f"divergence {name!r} needs a parameter, {family}:A; {accepted}")
+        try:
+            a = float(param)
+        except ValueError:
+            raise ValueError(f"divergence {name!r}: its parameter {param!r} is not a number; "
+                             f"{accepted}") from None
+        try:
+            return FAMILIES[family](a)
+        except ValueError as e:
+            raise ValueError(f"divergence {name!r}: {e}") from None
+    if colon and family in DIVERGENCES:
+        raise ValueError(f"divergence {name!r}: {family} takes no parameter; {accepted}")
+    raise ValueError(f"unknown divergence {name!r}; {accepted}")
+
+# Known methods as cells (paper section 3.4). "dapo" is the paper's mapping of clip-higher to
+# kl-mc: region [e^-delta, e^delta] = [0.8, 1.25]; DAPO's own [0.8, 1.28] is no kl-mc region
+# (symmetric in log r).
 METHODS = {"grpo": ("tv", "mc"), "ppo": ("tv", "mc"), "dapo": ("kl", "mc"),
            "dppo": ("tv", "binary"), "ripo": ("chi2", "atomic")}
 
 
 def estimate(log_r, log_mu, divergence, estimator):
     """|D(r)| per token in float64 (eqs. 18-20, choice 5), from log r and log mu; no gradient.
-    Done ESTIMATE_CHUNK tokens at a time: freed whole-batch float64 temporaries go back to the OS and are
-    page-faulted in again on the next call, which cost the binary cells more than their arithmetic on
-    the CPU (bench_objective, 1M tokens: tv/kl/hellinger-binary 5.3-6.7x plain PPO whole, 3.0-4.0x chunked)."""
-    f, est = _lookup(DIVERGENCES, divergence, "divergence"), _lookup(ESTIMATORS, estimator, "estimator")
+    `divergence`: any name get_divergence accepts ("kl", "alpha:0.5"), as everywhere below.
+    Done ESTIMATE_CHUNK tokens at a time: freed whole-batch float64 temporaries go back to the OS
+    and are page-faulted in again on the next call, which cost the binary cells more than their
+    arithmetic on the CPU (bench_objective, 1M tokens: tv/kl/hellinger-binary 5.3-6.7x plain PPO
+    whole, 3.0-4.0x chunked)."""
+    f = get_divergence(divergence)
+    est = _lookup(ESTIMATORS, estimator, "estimator")
     with torch.no_grad():
         chunks = zip(log_r.flatten().split(ESTIMATE_CHUNK), log_mu.flatten().split(ESTIMATE_CHUNK))
-        return torch.cat([_estimate_flat(f, est, lr.double(), lm.double()) for lr, lm in chunks]).view(log_r.shape)
+        d = [_estimate_flat(f, est, lr.double(), lm.double()) for lr, lm in chunks]
+        return torch.cat(d).view(log_r.shape)
 
 
 def _estimate_flat(f, est, log_r, log_mu):
-    mu = r_c = mu_c = None                                              # what an estimator does not read
+    mu = r_c = mu_c = None                                  # what an estimator does not read
     if est is not mc:
         mu = log_mu.exp()
-    if est is binary:                                                   # only binary reads the complement
-        mu_c = -torch.expm1(log_mu)                                     # 1 - mu, exact near mu = 1
-        pi_c = -torch.expm1((log_mu + log_r).clamp(max=0))              # 1 - pi
-        r_c = (pi_c / mu_c).nan_to_num(1.0, 1.0, 1.0)                   # mu = 1 (0/0, x/0): no complement, f(1) = 0
+    if est is binary:                                       # only binary reads the complement
+        mu_c = -torch.expm1(log_mu)                         # 1 - mu, exact near mu = 1
+        pi_c = -torch.expm1((log_mu + log_r).clamp(max=0))  # 1 - pi
+        r_c = (pi_c / mu_c).nan_to_num(1.0, 1.0, 1.0)       # mu = 1 (0/0, x/0): no complement
     return est(f, log_r.exp(), mu, r_c, mu_c).abs()
 
 
 def default_delta(divergence, r_min=0.8):
     """delta = |f(r_min)|: the mc region's lower bound is PPO's r_min (paper section 4.1)."""
-    f = _lookup(DIVERGENCES, divergence, "divergence")
+    f = get_divergence(divergence)
     if not 0 < r_min < 1:
         raise ValueError(f"r_min must be in (0, 1), got {r_min!r}")
     return abs(float(f(torch.tensor(r_min, dtype=torch.float64))))
 
 
 def group_advantages(rewards, G):
-    """GRPO's group-relative advantage (GPPO.md section 2): (R - mean_group) / (std_group + 1e-6)
-    per group of G completions, each group's G samples consecutive. (P*G,) -> (P*G,)"""
+    """GRPO's group-relative advantage, which the paper uses for every method (section 4.1):
+    (R - mean_group) / (std_group + 1e-6) per group of G completions, each group's G samples
+    consecutive. (P*G,) -> (P*G,)"""
     r = rewards.view(-1, G)
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
 
@@ -111,17 +188,19 @@ def _lookup(table, key, kind):
     return table[key] if isinstance(table, dict) else key
 
 
-def check_config(divergence, estimator, delta=None, ratio_bounds=None, dual_clip=None, agg="token-mean"):
-    """The region's settings checked (train.py calls this at load time); returns delta, defaulted."""
-    _lookup(DIVERGENCES, divergence, "divergence"), _lookup(ESTIMATORS, estimator, "estimator")
+def check_config(divergence, estimator, delta=None, ratio_bounds=None, dual_clip=None,
+                 agg="token-mean"):
+    """The region's settings checked (train.py calls this at load time); returns delta,
+    defaulted."""
+    get_divergence(divergence), _lookup(ESTIMATORS, estimator, "estimator")
     _lookup(AGGS, agg, "agg")
     delta = default_delta(divergence) if delta is None else delta
     if not delta > 0:
         raise ValueError(f"delta must be > 0, got {delta!r}")
     if ratio_bounds is not None and not (0 <= ratio_bounds[0] <= 1 <= ratio_bounds[1]
                                          and ratio_bounds[0] < ratio_bounds[1]):
-        raise ValueError(f"ratio_bounds must be (low, high) with 0 <= low <= 1 <= high and low < high, "
-                         f"got {ratio_bounds!r}")
+        raise ValueError(f"ratio_bounds must be (low, high) with 0 <= low <= 1 <= high and "
+                         f"low < high, got {ratio_bounds!r}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip!r}")
     return float(delta)
@@ -130,8 +209,9 @@ def check_config(divergence, estimator, delta=None, ratio_bounds=None, dual_clip
 # Shared by every loss: inputs made safe, aggregation, stats.
 
 def _prepare(logp, old_logp, advantages, mask):
-    """(valid, lp, old, log_r, adv), each (B, T) float32 and 0 off the mask, so padding (even NaN) never
-    reaches loss or gradient. lp keeps logp's gradient, log_r = lp - old clamped (choice 4)."""
+    """(valid, lp, old, log_r, adv), each (B, T) float32 and 0 off the mask, so padding (even NaN)
+    never reaches loss or gradient. lp keeps logp's gradient, log_r = lp - old clamped
+    (choice 4)."""
     valid = mask.bool()
     lp = torch.where(valid, logp.float(), 0.0)
     old = torch.where(valid, old_logp.detach().float(), 0.0)
@@ -141,17 +221,19 @@ def _prepare(logp, old_logp, advantages, mask):
 
 
 def aggregate(per_token, mask, agg="token-mean", global_count=None):
-    """One loss from per-token losses (B, T) (choice 6): token-mean sums every valid token and divides by
-    their count; seq-mean-token-mean averages each sequence's tokens, then the sequences; seq-mean-token-sum
-    sums each sequence's tokens, then averages the sequences. `global_count` replaces the denominator."""
+    """One loss from per-token losses (B, T) (choice 6): token-mean sums every valid token and
+    divides by their count; seq-mean-token-mean averages each sequence's tokens, then the sequences;
+    seq-mean-token-sum sums each sequence's tokens, then averages the sequences. `global_count`
+    replaces the denominator."""
     _lookup(AGGS, agg, "agg")
     mask = mask.bool()
     per_token = torch.where(mask, per_token, 0.0)
     if agg == "token-mean":
         total, count = per_token.sum(), mask.sum()
     else:
-        n = mask.sum(-1)                                                # (B,) tokens per sequence
-        seq = per_token.sum(-1) / n.clamp(min=1) if agg == "seq-mean-token-mean" else per_token.sum(-1)
+        n = mask.sum(-1)                                    # (B,) tokens per sequence
+        seq = per_token.sum(-1)
+        seq = seq / n.clamp(min=1) if agg == "seq-mean-token-mean" else seq
         total, count = seq.sum(), (n > 0).sum()
     count = count if global_count is None else global_count
     return total / torch.as_tensor(count, dtype=torch.float32, device=total.device).clamp(min=1)
@@ -163,49 +245,60 @@ def _clipped_loss(obj, clipped, valid, agg, global_count):
 
 
 def _reinforce(weight, log_x):
-    """A term with value `weight` and gradient weight * grad log_x (weight held constant): how CISPO and
-    DGPO write sg(w) A log pi while keeping a value comparable to the others' A r."""
+    """A term with value `weight` and gradient weight * grad log_x (weight held constant): how CISPO
+    and DGPO write sg(w) A log pi while keeping a value comparable to the others' A r."""
     return weight.detach() * torch.exp(log_x - log_x.detach())
 
 
 def _stats(valid, log_r, old, d=None, **clipped):
-    """Python floats over the valid tokens: the STATS (masks in `clipped`: name -> (B, T) bool; missing
-    ones are 0) and the BY_MU lists, bucketed by mu. d = |D(r)| for div_mean, capped at 1e6 (kl-binary
-    is infinite at pi = 1). Off the mask _prepare made log r = log mu = 0, so r - 1, k3 and D are 0
-    there and their plain sums are sums over the valid tokens."""
+    """Python floats over the valid tokens: the STATS (masks in `clipped`: CLIP_STATS name ->
+    (B, T) bool; missing ones are 0) and the BY_MU lists, bucketed by mu. d = |D(r)| for div_mean,
+    capped at 1e6 (kl-binary is infinite at pi = 1). Off the mask _prepare made log r = log mu = 0,
+    so r - 1, k3 and D are 0 there and their plain sums are sums over the valid tokens. Each value
+    is computed under its name and read back by name: a misspelt mask or a STATS name with no value
+    raises instead of mislabelling."""
+    unknown = sorted(set(clipped) - set(CLIP_STATS))
+    if unknown:
+        raise ValueError(f"_stats: unknown mask {unknown[0]!r}; masks: {', '.join(CLIP_STATS)}")
     with torch.no_grad():
-        n = valid.count_nonzero().clamp(min=1)                         # count_nonzero: a bool .sum() copies to int64
+        n = valid.count_nonzero().clamp(min=1)              # a bool .sum() would copy to int64
         log_r = log_r.detach()
         r = log_r.exp()
         zero = log_r.new_zeros(())
-        values = [(clipped[k] & valid).count_nonzero() / n if k in clipped else zero for k in STATS[:5]] + [
-            1 + (r - 1).sum() / n, torch.where(valid, r, 0).amax() if r.numel() else zero,
-            zero if d is None else d.clamp(max=1e6).sum() / n,
-            (r - 1 - log_r).sum() / n]                                 # kl_k3: k3 estimate of KL(mu || pi)
+        values = {k: (clipped[k] & valid).count_nonzero() / n if k in clipped else zero
+                  for k in CLIP_STATS}
+        values.update(ratio_mean=1 + (r - 1).sum() / n,
+                      ratio_max=torch.where(valid, r, 0).amax() if r.numel() else zero,
+                      div_mean=zero if d is None else d.clamp(max=1e6).sum() / n,
+                      kl_k3=(r - 1 - log_r).sum() / n)      # k3 estimate of KL(mu || pi)
+        if values.keys() != set(STATS):
+            raise AssertionError(f"_stats computes {sorted(values)}, STATS names {sorted(STATS)}")
         k = MU_BUCKETS
-        bucket = sum((old >= math.log(e)).to(torch.uint8) for e in MU_EDGES)   # 0: mu < 0.01, ..., 3: mu >= 0.5
-        bucket = torch.where(valid, bucket, k).flatten()               # padding in a bucket of its own
+        # 0: mu < 0.01, ..., 3: mu >= 0.5; padding in a bucket of its own
+        bucket = sum((old >= math.log(e)).to(torch.uint8) for e in MU_EDGES)
+        bucket = torch.where(valid, bucket, k).flatten()
         clip = clipped.get("clip_frac", torch.zeros_like(valid)) & valid
         in_bucket = torch.bincount(bucket, minlength=k + 1)[:k]
-        clipped_in_bucket = torch.bincount(torch.where(clip.flatten(), bucket, k), minlength=k + 1)[:k]
-        v = torch.cat([torch.stack([x.float() for x in values]), (in_bucket / n).float(),
-                       (clipped_in_bucket / in_bucket.clamp(min=1)).float()]).tolist()   # one device sync
+        clip_bucket = torch.where(clip.flatten(), bucket, k)
+        clipped_in_bucket = torch.bincount(clip_bucket, minlength=k + 1)[:k]
+        v = torch.cat([torch.stack([values[s].float() for s in STATS]), (in_bucket / n).float(),
+                       (clipped_in_bucket / in_bucket.clamp(min=1)).float()]).tolist()   # one sync
     return {**dict(zip(STATS, v[:len(STATS)])), "token_frac_by_mu": v[len(STATS):len(STATS) + k],
             "clip_frac_by_mu": v[len(STATS) + k:]}
 
 # -----------------------------------------------------------------------------
-# The GPPO loss (paper eq. 11 as a mask, section 5).
+# The GPPO loss (paper eq. 11, section 3.1, as a mask).
 
 def gppo_loss(logp, old_logp, advantages, mask, divergence, estimator, delta=None,
               ratio_bounds=(0.5, 10.0), dual_clip=10.0, agg="token-mean", global_count=None):
     """logp, old_logp, mask: (B, T); advantages: (B,) or (B, T). Returns (scalar loss, stats)."""
     delta = check_config(divergence, estimator, delta, ratio_bounds, dual_clip, agg)
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
-    r = log_r.exp()                                                     # (B, T), with gradient
+    r = log_r.exp()                                         # (B, T), with gradient
     with torch.no_grad():
-        d = estimate(log_r, old, divergence, estimator)                 # |D(r)|, float64
-        outside = ~(d <= delta)                                         # NaN counts as outside
-        up, down = (r > 1) & (adv > 0), (r < 1) & (adv < 0)             # the side A pushes r to
+        d = estimate(log_r, old, divergence, estimator)     # |D(r)|, float64
+        outside = ~(d <= delta)                             # NaN counts as outside
+        up, down = (r > 1) & (adv > 0), (r < 1) & (adv < 0) # the side A pushes r to
         upper, lower = outside & up, outside & down
         bounds = dual = torch.zeros_like(valid)
         if ratio_bounds is not None:
@@ -214,8 +307,8 @@ def gppo_loss(logp, old_logp, advantages, mask, divergence, estimator, delta=Non
             dual = (adv < 0) & (r > dual_clip)
         clipped = upper | lower | bounds | dual
     loss = _clipped_loss(adv * r, clipped, valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, d, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower,
-                        clip_frac_bounds=bounds, clip_frac_dual=dual)
+    return loss, _stats(valid, log_r, old, d, clip_frac=clipped, clip_frac_upper=upper,
+                        clip_frac_lower=lower, clip_frac_bounds=bounds, clip_frac_dual=dual)
 
 
 def _bisect(inside, near, far, iters=64):
@@ -236,18 +329,21 @@ SUBLEVEL = {"tv": lambda c: (1 - 2 * c, 1 + 2 * c),
 
 def proximal_bounds(old_logp, divergence, estimator, delta=None, ratio_bounds=(0.5, 10.0)):
     """Per-token (low, high) of {r > 0 : |D(r)| <= delta} (intersected with ratio_bounds), float64.
-    Closed form for the mc/atomic cells of SUBLEVEL's divergences and for tv-binary; otherwise bisection
-    on log r in [-100, 100] (binary: r <= 1/mu, as pi <= 1), valid as D is convex in r with D(1) = 0.
-    A region reaching past e^-100 reports low = 0. For tests and plots, not the loss."""
+    Closed form for the mc/atomic cells of SUBLEVEL's divergences and for tv-binary; otherwise
+    bisection on log r in [-100, 100] (binary: r <= 1/mu, as pi <= 1), valid as D is convex in r
+    with D(1) = 0. A region reaching past e^-100 reports low = 0. For tests and plots, not the
+    loss."""
     delta = check_config(divergence, estimator, delta, ratio_bounds)
     old = old_logp.detach().double()
     mu = old.exp()
     if estimator != "binary" and divergence in SUBLEVEL:
-        low, high = SUBLEVEL[divergence](delta / mu if estimator == "atomic" else torch.full_like(mu, delta))
-    elif (divergence, estimator) == ("tv", "binary"):                  # |pi - mu| <= delta
+        c = delta / mu if estimator == "atomic" else torch.full_like(mu, delta)
+        low, high = SUBLEVEL[divergence](c)
+    elif (divergence, estimator) == ("tv", "binary"):       # |pi - mu| <= delta
         low, high = 1 - delta / mu, torch.minimum(1 + delta / mu, 1 / mu)
     else:
-        inside = lambda x: estimate(x, old, divergence, estimator) <= delta
+        def inside(x):
+            return estimate(x, old, divergence, estimator) <= delta
         zero = torch.zeros_like(old)
         top = (-old).clamp(max=100) if estimator == "binary" else zero + 100
         high = torch.where(inside(top), top, _bisect(inside, zero, top)).exp()
@@ -259,27 +355,30 @@ def proximal_bounds(old_logp, divergence, estimator, delta=None, ratio_bounds=(0
 
 # -----------------------------------------------------------------------------
 # The paper's other baselines (section 4.1) and two newer refinements of DPPO's and PPO's regions
-# (DRPO, DGPO), each as its authors define it, with their defaults (aggregation included). Same inputs
-# and stats keys as gppo_loss; keys a method has no notion of are 0.0.
+# (DRPO, DGPO), each as its authors define it, with their defaults (aggregation included). Same
+# inputs and stats keys as gppo_loss; keys a method has no notion of are 0.0.
 
 def _ppo_clipped(r, adv, eps_low, eps_high):
-    """PPO's clip as a mask: (upper, lower), the tokens pushed past 1 + eps_high or below 1 - eps_low."""
+    """PPO's clip as a mask: (upper, lower), the tokens pushed past 1 + eps_high or below
+    1 - eps_low."""
     return (adv > 0) & (r > 1 + eps_high), (adv < 0) & (r < 1 - eps_low)
 
 
 def gspo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", global_count=None,
               eps_low=3e-4, eps_high=4e-4):
-    """GSPO (Zheng et al. 2025, arXiv 2507.18071, eq. 5): PPO's clip [1 - eps_low, 1 + eps_high] on the
-    length-normalised sequence ratio s_i = exp(mean_t log r_t). Every token of sequence i carries A_i s_i,
-    so under their 1/G sum_i (seq-mean-token-mean) the loss is exactly GSPO's."""
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071, eq. 5): PPO's clip [1 - eps_low, 1 + eps_high] on
+    the length-normalised sequence ratio s_i = exp(mean_t log r_t). Every token of sequence i
+    carries A_i s_i, so under their 1/G sum_i (seq-mean-token-mean) the loss is exactly GSPO's."""
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
-    n = valid.sum(-1, keepdim=True).clamp(min=1)                       # (B, 1)
-    s = ((lp - old).sum(-1, keepdim=True) / n).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()   # (B, 1)
+    n = valid.sum(-1, keepdim=True).clamp(min=1)            # (B, 1)
+    log_s = (lp - old).sum(-1, keepdim=True) / n
+    s = log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # (B, 1)
     with torch.no_grad():
         upper, lower = _ppo_clipped(s.expand_as(adv), adv, eps_low, eps_high)   # whole sequences
         upper, lower = upper & valid, lower & valid
     loss = _clipped_loss(adv * s, upper | lower, valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper, clip_frac_lower=lower)
+    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper,
+                        clip_frac_lower=lower)
 
 
 def gmpo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", global_count=None,
@@ -292,9 +391,10 @@ def gmpo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
         upper, lower = (adv > 0) & (log_r > clip_high), (adv < 0) & (log_r < -clip_low)
     log_r_clipped = torch.where(upper | lower, log_r.clamp(-clip_low, clip_high).detach(), log_r)
     n = valid.sum(-1, keepdim=True).clamp(min=1)
-    geo_mean = torch.exp(torch.where(valid, log_r_clipped, 0.0).sum(-1, keepdim=True) / n)   # (B, 1)
+    geo_mean = torch.exp(torch.where(valid, log_r_clipped, 0.0).sum(-1, keepdim=True) / n)  # (B, 1)
     loss = aggregate(-adv * geo_mean, valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper, clip_frac_lower=lower)
+    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper,
+                        clip_frac_lower=lower)
 
 
 def sapo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", global_count=None,
@@ -310,22 +410,26 @@ def sapo_loss(logp, old_logp, advantages, mask, agg="seq-mean-token-mean", globa
 
 def cispo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None,
                eps_low=None, eps_high=0.2):
-    """CISPO (MiniMax-M1, arXiv 2506.13585): REINFORCE weighted by the clipped, stop-gradient importance
-    weight, sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi, over all tokens. MiniMax set no lower bound
-    (eps_low=None) and did not publish eps_high; 0.2 is VeRL's CISPO example. No token loses its gradient
-    (not even beyond the log-ratio clamp); clip_frac counts tokens whose weight was clipped."""
+    """CISPO (MiniMax-M1, arXiv 2506.13585): REINFORCE weighted by the clipped, stop-gradient
+    importance weight, sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi, over all tokens. MiniMax set
+    no lower bound (eps_low=None) and did not publish eps_high; 0.2 is VeRL's CISPO example. No
+    token loses its gradient (not even beyond the log-ratio clamp); clip_frac counts tokens whose
+    weight was clipped."""
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
     r = log_r.detach().exp()
     w = r.clamp(min=None if eps_low is None else 1 - eps_low, max=1 + eps_high)
     loss = aggregate(-_reinforce(adv * w, lp), valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, clip_frac=w != r, clip_frac_upper=w < r, clip_frac_lower=w > r)
+    return loss, _stats(valid, log_r, old, clip_frac=w != r, clip_frac_upper=w < r,
+                        clip_frac_lower=w > r)
 
 
-def clip_cov_candidates(logp, old_logp, advantages, mask, center, eps=0.2, cov_low=1.0, cov_high=5.0):
-    """Clip-Cov's candidates (Cui et al. 2025, arXiv 2505.22617, sec. 5), (B, T) bool: tokens PPO did not
-    clip whose centred covariance (log pi - center[0]) (A - center[1]) lies in (cov_low, cov_high).
-    center = (mean log pi, mean A) over the valid tokens of the whole mini-batch, so a trainer that
-    computes it across micro-batches and ranks gets the whole-batch candidates in every micro-batch."""
+def clip_cov_candidates(logp, old_logp, advantages, mask, center, eps=0.2, cov_low=1.0,
+                        cov_high=5.0):
+    """Clip-Cov's candidates (Cui et al. 2025, arXiv 2505.22617, sec. 5), (B, T) bool: tokens PPO
+    did not clip whose centred covariance (log pi - center[0]) (A - center[1]) lies in (cov_low,
+    cov_high). center = (mean log pi, mean A) over the valid tokens of the whole mini-batch, so a
+    trainer that computes it across micro-batches and ranks gets the whole-batch candidates in every
+    micro-batch."""
     with torch.no_grad():
         valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
         upper, lower = _ppo_clipped(log_r.exp(), adv, eps, eps)
@@ -334,8 +438,9 @@ def clip_cov_candidates(logp, old_logp, advantages, mask, center, eps=0.2, cov_l
 
 
 def clip_cov_draw(candidates, n_valid, clip_ratio=2e-4, generator=None):
-    """Clip-Cov's draw: (B, T) bool of k = max(1, int(clip_ratio * n_valid)) candidates picked uniformly
-    (all of them if fewer), n_valid the valid tokens of the same batch; their gradient is detached."""
+    """Clip-Cov's draw: (B, T) bool of k = max(1, int(clip_ratio * n_valid)) candidates picked
+    uniformly (all of them if fewer), n_valid the valid tokens of the same batch; their gradient is
+    detached."""
     idx = candidates.flatten().nonzero().squeeze(1)
     k = min(max(int(clip_ratio * n_valid), 1), idx.numel())
     device = generator.device if generator is not None else idx.device
@@ -344,32 +449,37 @@ def clip_cov_draw(candidates, n_valid, clip_ratio=2e-4, generator=None):
 
 
 def clip_cov_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None,
-                  eps=0.2, clip_ratio=2e-4, cov_low=1.0, cov_high=5.0, generator=None, detach=None):
+                  eps=0.2, clip_ratio=2e-4, cov_low=1.0, cov_high=5.0, generator=None,
+                  detach=None):
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, sec. 5): PPO's clip (eps 0.2), plus a random
     max(1, clip_ratio * N) of clip_cov_candidates (N = valid tokens) have their gradient detached.
-    `generator` makes the draw reproducible. `detach` ((B, T) bool) replaces this batch's draw: under
-    micro-batching the trainer draws once over the whole mini-batch and passes each micro-batch its slice."""
+    `generator` makes the draw reproducible. `detach` ((B, T) bool) replaces this batch's draw:
+    under micro-batching the trainer draws once over the whole mini-batch and passes each
+    micro-batch its slice."""
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()
     with torch.no_grad():
         upper, lower = _ppo_clipped(r, adv, eps, eps)
         if detach is None:
             n = valid.sum().clamp(min=1)
-            center = (lp.sum() / n, adv.sum() / n)                      # lp, adv are 0 off the mask
-            candidates = clip_cov_candidates(logp, old_logp, advantages, mask, center, eps, cov_low, cov_high)
+            center = (lp.sum() / n, adv.sum() / n)          # lp, adv are 0 off the mask
+            candidates = clip_cov_candidates(logp, old_logp, advantages, mask, center, eps,
+                                             cov_low, cov_high)
             detach = clip_cov_draw(candidates, int(valid.sum()), clip_ratio, generator)
         clipped = upper | lower | (detach.bool() & valid)
     loss = _clipped_loss(adv * r, clipped, valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, clip_frac=clipped, clip_frac_upper=upper, clip_frac_lower=lower)
+    return loss, _stats(valid, log_r, old, clip_frac=clipped, clip_frac_upper=upper,
+                        clip_frac_lower=lower)
 
 
 def drpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None, delta=0.1):
-    """DRPO (Yao et al. 2026, arXiv 2606.09821, eq. 8; code: Tencent-Hunyuan/UniRL, drpo.py): DPPO's
-    binary-TV region |pi - mu| <= delta made smooth. Per token -A r + |A| mu (r - 1)^2 / (2 delta): as
-    mu (r - 1) = pi - mu, the gradient is -A r grad log pi times 1 - sign(A)(pi - mu)/delta (their Table 1),
-    1 at pi = mu, 0 on the region's boundary on the pushed side, negative (corrective) beyond it.
-    clip_frac counts tokens whose weight reached 0 (DPPO's clipped set). The authors' delta 12.5 is no
-    region under this formula (|pi - mu| <= 1); we default to the tv-binary cell's 0.1. Token-mean."""
+    """DRPO (Yao et al. 2026, arXiv 2606.09821, eq. 8; code: Tencent-Hunyuan/UniRL, drpo.py):
+    DPPO's binary-TV region |pi - mu| <= delta made smooth. Per token -A r + |A| mu (r - 1)^2 /
+    (2 delta): as mu (r - 1) = pi - mu, the gradient is -A r grad log pi times
+    1 - sign(A)(pi - mu)/delta (their Table 1), 1 at pi = mu, 0 on the region's boundary on the
+    pushed side, negative (corrective) beyond it. clip_frac counts tokens whose weight reached 0
+    (DPPO's clipped set). The authors' delta 12.5 is no region under this formula
+    (|pi - mu| <= 1); we default to the tv-binary cell's 0.1. Token-mean."""
     if not delta > 0:
         raise ValueError(f"delta must be > 0, got {delta!r}")
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
@@ -377,20 +487,21 @@ def drpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=N
     mu = old.exp()
     per_token = -adv * r + adv.abs() * mu * (r - 1) ** 2 / (2 * delta)
     with torch.no_grad():
-        stopped = adv.sign() * mu * (r - 1) >= delta                   # the penalty cancelled the push
+        stopped = adv.sign() * mu * (r - 1) >= delta        # the penalty cancelled the push
         upper, lower = stopped & (adv > 0), stopped & (adv < 0)
     loss = aggregate(per_token, valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper, clip_frac_lower=lower)
+    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper,
+                        clip_frac_lower=lower)
 
 
 def dgpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None,
               eps_low=0.2, eps_high=0.2, n=1, m=2):
-    """DGPO (Fu et al. 2026, arXiv 2603.14389; code: VenomRose-Juri/DGPO-RL, ratio_mode "dgpo"): PPO's
-    clip, but the tokens PPO would clip keep a decaying gradient. Per token -A w, w with value w and
-    gradient w grad log pi: w = r inside; r^(n+1) / (1 - eps_low)^n for A < 0, r < 1 - eps_low;
-    (1 + eps_high)^(1/m) r^((m-1)/m) for A > 0, r > 1 + eps_high. Both equal r on their boundary; the
-    weight on grad pi, w / r, decays outwards. Authors' defaults (n=1, m=2, eps 0.2, token-mean, no dual
-    clip). clip_frac: PPO's clipped tokens."""
+    """DGPO (Fu et al. 2026, arXiv 2603.14389; code: VenomRose-Juri/DGPO-RL, ratio_mode "dgpo"):
+    PPO's clip, but the tokens PPO would clip keep a decaying gradient. Per token -A w, w with value
+    w and gradient w grad log pi: w = r inside; r^(n+1) / (1 - eps_low)^n for A < 0,
+    r < 1 - eps_low; (1 + eps_high)^(1/m) r^((m-1)/m) for A > 0, r > 1 + eps_high. Both equal r
+    on their boundary; the weight on grad pi, w / r, decays outwards. Authors' defaults (n=1, m=2,
+    eps 0.2, token-mean, no dual clip). clip_frac: PPO's clipped tokens."""
     if not (n >= 0 and m > 0):
         raise ValueError(f"need n >= 0 and m > 0, got n={n!r}, m={m!r}")
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
@@ -399,56 +510,31 @@ def dgpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=N
         log_w = torch.where(lower, (n + 1) * log_r - n * math.log1p(-eps_low), log_r)
         log_w = torch.where(upper, math.log1p(eps_high) / m + (m - 1) / m * log_r, log_w)
     loss = aggregate(-_reinforce(adv * log_w.exp(), log_r), valid, agg, global_count)
-    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper, clip_frac_lower=lower)
+    return loss, _stats(valid, log_r, old, clip_frac=upper | lower, clip_frac_upper=upper,
+                        clip_frac_lower=lower)
 
 
 BASELINES = {"gspo": gspo_loss, "gmpo": gmpo_loss, "sapo": sapo_loss, "cispo": cispo_loss,
              "clip_cov": clip_cov_loss, "drpo": drpo_loss, "dgpo": dgpo_loss}
 
 # -----------------------------------------------------------------------------
-# `python gppo.py`: the region of every cell at the default delta, as a table and as a plot.
+# `python gppo.py`: the region of every cell at the default delta, as a table (the plot of them
+# against mu is bench/plot_regions.py's, so this module needs no plotting library).
 
 if __name__ == "__main__":
     import argparse
-    parser = argparse.ArgumentParser(description="Print and plot the GPPO proximal regions.")
-    parser.add_argument("--out", default="gppo_regions.png", help="where to write the PNG plot")
-    args = parser.parse_args()
-
+    argparse.ArgumentParser(description="Print every cell's proximal region at a few mu (plot: "
+                            "python bench/plot_regions.py).").parse_args()
     mus = [0.99, 0.9, 0.5, 0.1, 0.01, 0.001]
     old = torch.tensor(mus).log()
     print("region [low, high] of r = pi/mu at the default delta (ratio_bounds off)")
     print(f"{'cell':<17}{'delta':>9}  " + "".join(f" {'mu=' + str(m):^22}" for m in mus))
-    for div in DIVERGENCES:
+    for div in [*DIVERGENCES, "alpha:0.5", "alpha:3"]:
         for est in ESTIMATORS:
             low, high = proximal_bounds(old, div, est, ratio_bounds=None)
-            cells = "".join(f" {f'[{lo:.4g}, {hi:.4g}]':^22}" for lo, hi in zip(low.tolist(), high.tolist()))
+            cells = "".join(f" {f'[{lo:.4g}, {hi:.4g}]':^22}"
+                            for lo, hi in zip(low.tolist(), high.tolist()))
             print(f"{div + '-' + est:<17}{default_delta(div):>9.5g}  {cells}")
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    mu = torch.logspace(-4, math.log10(0.999), 400, dtype=torch.float64)
-    rows = math.ceil(len(DIVERGENCES) / 3)                              # one panel per divergence
-    fig, axes = plt.subplots(rows, 3, figsize=(13, 3.75 * rows), sharex=True, sharey=True, squeeze=False)
-    for ax, div in zip(axes.flat, DIVERGENCES):
-        for est, color in zip(ESTIMATORS, ("tab:blue", "tab:orange", "tab:green")):
-            low, high = proximal_bounds(mu.log(), div, est, ratio_bounds=None)
-            ax.plot(mu, high, color=color, label=est)
-            ax.plot(mu, low, color=color, ls="--")
-        ax.axhline(1, color="grey", lw=0.5)
-        ax.axhspan(0.5, 10, color="grey", alpha=0.06, lw=0)              # default ratio_bounds
-        ax.set(xscale="log", yscale="log", ylim=(0.05, 20), title=f"{div}  (delta = {default_delta(div):.4g})")
-        ticks = [0.1, 0.2, 0.5, 0.8, 1.25, 2, 5, 10]
-        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-        ax.minorticks_off()
-    for ax in axes.flat[len(DIVERGENCES):]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("mu = behaviour probability of the sampled token")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("r = pi / mu  (upper solid, lower dashed)")
-    axes.flat[0].legend(loc="upper right", title="estimator")
-    fig.suptitle("GPPO proximal regions {r : |D(r)| <= delta} against mu (shaded: ratio_bounds [0.5, 10])")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    print(f"any alpha:A works, |A| <= {ALPHA_MAX:g} (e.g. --divergence alpha:-1): alpha:2 has "
+          f"chi2's regions, alpha:0.5 hellinger's; alpha:1 and alpha:0 are the KL limits "
+          f"r log r - r + 1 and r - 1 - log r")

@@ -85,7 +85,7 @@ OWNED = ("--method", "--objective", "--divergence", "--estimator", "--delta", "-
 # train.py flags that are not a run's settings: set per run by the sweep, or not changing what it computes
 NOT_SETTINGS = {"method", "objective", "divergence", "estimator", "delta", "cell", "seed", "out_dir",
                 "threads", "sample_every", "wandb", "ckpt_every", "keep_last", "eval_before"}
-# the paper's Table 1 (GPPO.md section 8), avg@8 in %: (math, code)
+# the paper's Table 1 (arXiv 2610.13015 section 4.2), avg@8 in %: (math, code)
 PAPER = {"tv-mc": (27.7, 52.4), "tv-binary": (39.0, 53.8), "tv-atomic": (36.3, 54.9),
          "hellinger-mc": (31.8, 54.4), "hellinger-binary": (35.4, 55.9), "hellinger-atomic": (36.9, 58.1),
          "chi2-mc": (27.7, 52.4), "chi2-binary": (34.8, 54.8), "chi2-atomic": (40.5, 57.2),

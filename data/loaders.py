@@ -56,7 +56,10 @@ Choices:
    "task" (and optionally "id"; other fields are ignored). Each answer passes its task's check
    (reward.TASKS) as it is read; a missing file, bad JSON, a missing field, an unknown task or a bad
    answer is refused naming the file and line. A non-string answer (a code test spec object, a
-   number) is kept as its JSON text. The tiny sets stay a case of their own: data/prepare.py
+   number) is kept as its JSON text. A code spec must take one of the two forms reward.py judges,
+   stdin/stdout (every input a string fed to stdin) or call-style ("fn_name", every input the list
+   of one call's arguments); a spec in neither (list inputs without fn_name, fn_name with inputs
+   that are not lists, numbers as stdin) is refused, as a correct program would score 0 on it. The tiny sets stay a case of their own: data/prepare.py
    writes them already in the row schema, and --data_dir finds them beside the tiny model.
 """
 import ast
@@ -166,7 +169,7 @@ class Hub(NamedTuple):
 
 
 HUB = {
-    # training sets (GPPO.md section 8)
+    # training sets (the paper (arXiv 2610.13015) section 4.1)
     "dapo-math-17k": Hub("BytedTsinghua-SIA/DAPO-Math-17k", "parquet", {"train": "data/dapo-math-17k.parquet"},
                          "math", _dapo, dedup=True),
     "eurus-code": Hub("PRIME-RL/Eurus-2-RL-Data", "parquet",
@@ -232,6 +235,25 @@ def _load_tiny(name: str, split: str, data_dir: str | None) -> list[dict]:
     raise FileNotFoundError(f"{fname} not found in {', '.join(map(str, dirs))}: run `{build}`")
 
 
+def _check_code_form(spec: dict):
+    """A jsonl: code spec must be one of the two forms reward.py judges (choice 9): stdin/stdout
+    (no fn_name, every input a string) or call-style (fn_name, every input a list of arguments).
+    Anything else would load and score a correct program 0, so it is refused with the fix."""
+    fn_name, js = spec.get("fn_name"), lambda v: json.dumps(v, default=str)  # as written in the file
+    for i, x in enumerate(spec["inputs"], 1):
+        if fn_name and not isinstance(x, list):
+            raise ValueError(f"fn_name {js(fn_name)} but input {i} is {js(x)}, not a list of "
+                             f"arguments: write each call's arguments as a list ({js([x])} for one "
+                             f"argument), or drop fn_name and give stdin strings")
+        if not fn_name and isinstance(x, list):
+            raise ValueError(f"inputs are lists of arguments (input {i} is {js(x)}) but no fn_name: "
+                             f'add "fn_name": "<the function\'s name>", or give stdin strings')
+        if not fn_name and not isinstance(x, str):
+            text = js(str(x) + "\n")
+            raise ValueError(f"input {i} is {js(x)}, not stdin text: give a string (e.g. {text}), "
+                             f'or add "fn_name" and give each input as a list of arguments')
+
+
 def _load_jsonl(name: str, split: str) -> list[dict]:
     """Rows of `jsonl:PREFIX`, split `split`: the file PREFIX_<split>.jsonl (choice 9)."""
     path = Path(f"{name.removeprefix('jsonl:')}_{split}.jsonl")
@@ -247,7 +269,9 @@ def _load_jsonl(name: str, split: str) -> list[dict]:
         try:
             if not isinstance(raw["problem"], str) or not raw["problem"].strip():
                 raise ValueError(f"'problem' must be non-empty text, got {raw['problem']!r}")
-            reward.get_task(raw["task"]).check(raw["answer"])
+            gold = reward.get_task(raw["task"]).check(raw["answer"])
+            if raw["task"] == "code":
+                _check_code_form(gold)
         except ValueError as e:
             raise ValueError(f"{path}:{n}: {e}") from None
         answer = raw["answer"] if isinstance(raw["answer"], str) else json.dumps(raw["answer"])

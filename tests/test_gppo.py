@@ -1,4 +1,5 @@
 """Tests for the GPPO grid in gppo.py: known methods as cells, regions, rules, numerics, config errors."""
+import decimal
 import math
 import os
 import subprocess
@@ -12,6 +13,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # gppo.py liv
 import gppo  # noqa: E402
 
 CELLS = [(d, e) for d in gppo.DIVERGENCES for e in gppo.ESTIMATORS]
+# the alpha family (gppo.FAMILIES) at a few parameters: r^a's overflow for a > 1, +inf at r = 0 for a < 0
+ALPHAS = ["alpha:-1", "alpha:0.5", "alpha:2", "alpha:3"]
+ALPHA_CELLS = [(d, e) for d in ALPHAS for e in gppo.ESTIMATORS]
 OFF = dict(ratio_bounds=None, dual_clip=None)  # the bare region, no dual clipping
 
 
@@ -79,7 +83,7 @@ def assert_clipped_both_sides(stats, mask, upper, lower):
     assert stats["clip_frac_lower"] == pytest.approx(lower.sum().item() / n)
 
 
-# ---- known methods are cells (GPPO.md section 7) ----
+# ---- known methods are cells (the paper (arXiv 2610.13015) section 3.4) ----
 
 @pytest.mark.parametrize("seed", range(3))
 def test_tv_mc_is_ppo_clip(seed):
@@ -141,7 +145,7 @@ def test_methods_are_cells():
 
 # ---- regions ----
 
-@pytest.mark.parametrize("div,est", CELLS)
+@pytest.mark.parametrize("div,est", CELLS + ALPHA_CELLS)
 def test_bounds_agree_with_mask(div, est):
     """On a dense ratio grid, a token is clipped by the loss exactly when proximal_bounds says so."""
     mus = torch.tensor([0.999, 0.9, 0.5, 0.1, 0.01, 1e-3, 1e-4])
@@ -172,6 +176,59 @@ def test_default_deltas():
         assert gppo.default_delta(div) == pytest.approx(delta, rel=1e-4)
     low, _ = gppo.proximal_bounds(torch.tensor([-1.0]), "js", "mc", ratio_bounds=None)
     assert low.item() == pytest.approx(0.8, abs=1e-9)                 # js is calibrated by bisection too
+    # alpha:a: |f_a(0.8)| = |0.8^a - 0.8 a + a - 1| / |a (a - 1)|; a = 1, 0: the two KLs' limits
+    for a in (-1.0, 0.5, 2.0, 3.0, -3.0, 7.0):
+        assert gppo.default_delta(f"alpha:{a}") == pytest.approx(abs((0.8 ** a - 0.8 * a + a - 1) / (a * (a - 1))))
+    assert gppo.default_delta("alpha:1") == pytest.approx(0.8 * math.log(0.8) - 0.8 + 1)
+    assert gppo.default_delta("alpha:0") == pytest.approx(0.8 - 1 - math.log(0.8))
+    for a in ALPHAS:
+        low, _ = gppo.proximal_bounds(torch.tensor([-1.0]), a, "mc", ratio_bounds=None)
+        assert low.item() == pytest.approx(0.8, abs=1e-9), a
+
+
+@pytest.mark.parametrize("a", [-2.5, -1e-9, 1e-9, 0.3, 0.5, 0.8, 1 - 1e-9, 1 + 1e-9, 2.0, 3.0, 40.0])
+def test_alpha_is_its_formula(a):
+    """f_a against (r^a - a r + a - 1) / (a (a - 1)) evaluated in 80-digit decimals: both of gppo's
+    branches (a < 1/2, a >= 1/2), and parameters next to the limits, where float64 arithmetic on
+    the formula as written would lose most digits."""
+    f = gppo.get_divergence(f"alpha:{a}")
+    r = torch.tensor([0.0, 1e-30, 0.01, 0.3, 0.8, 0.999, 1.001, 1.25, 4.0, 1e3, 1e30], dtype=torch.float64)
+    with decimal.localcontext(decimal.Context(prec=80)):
+        A = decimal.Decimal(a)
+        for x, got in zip(r.tolist(), f(r).tolist()):
+            if x == 0:
+                assert got == pytest.approx(1 / a if a > 0 else math.inf, rel=1e-12)
+                continue
+            X = decimal.Decimal(x)
+            want = float((X ** A - A * X + A - 1) / (A * (A - 1)))
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-300), (x, got, want)
+
+
+def test_alpha_limits_are_the_kls():
+    """alpha:1 and alpha:0 are the limits a -> 1 and a -> 0 (no jump at either side), and
+    alpha:2 = chi2 / 2, alpha:0.5 = 2 hellinger as generators."""
+    r = torch.logspace(-6, 6, 121, dtype=torch.float64)
+    for lim, near in ((1, 1e-7), (0, 1e-7)):
+        at = gppo.get_divergence(f"alpha:{lim}")(r)
+        for side in (lim - near, lim + near):
+            torch.testing.assert_close(gppo.get_divergence(f"alpha:{side}")(r), at, rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(gppo.get_divergence("alpha:2")(r), gppo.chi2(r) / 2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gppo.get_divergence("alpha:0.5")(r), 2 * gppo.hellinger(r), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("est", list(gppo.ESTIMATORS))
+@pytest.mark.parametrize("a,named", [("alpha:2", "chi2"), ("alpha:0.5", "hellinger")])
+def test_alpha_regions_equal_named(a, named, est):
+    """f_2 = chi2 / 2 and f_0.5 = 2 hellinger: default_delta scales by the same factor, so every
+    cell's region is the named divergence's: the same bounds and the same tokens clipped."""
+    mus = torch.logspace(-6, math.log10(0.999), 200, dtype=torch.float64)
+    got, want = (gppo.proximal_bounds(mus.log(), d, est, ratio_bounds=None) for d in (a, named))
+    for g, w in zip(got, want):
+        assert g.tolist() == pytest.approx(w.tolist(), rel=1e-9, abs=1e-12)
+    logp, old, adv, mask = batch(5, **CELL_BATCH, spread=1.0)
+    g_alpha, s_alpha = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, a, est)
+    g_named, s_named = grad_and_stats(gppo.gppo_loss, logp, old, adv, mask, named, est)
+    assert torch.equal(g_alpha, g_named) and s_alpha["clip_frac"] == s_named["clip_frac"] > 0
 
 
 def test_binary_complement_near_mu_one():
@@ -201,11 +258,11 @@ def test_bounds_intersect_ratio_bounds():
 #   twice one minus the Bhattacharyya coefficient of Bernoulli(mu) and Bernoulli(pi). Put sqrt(mu) = cos a,
 #   sqrt(1-mu) = sin a, sqrt(pi) = cos b, sqrt(1-pi) = sin b (a, b in [0, pi/2]): the coefficient is
 #   cos(b - a), so the region is the arc |b - a| <= theta = arccos(1 - delta/2) (the "spherical" geometry
-#   of GPPO.md section 3). pi = cos^2 b falls as b grows: pi_high = cos^2(max(a - theta, 0)) and
-#   pi_low = cos^2(a + theta), or 0 once a + theta >= pi/2.
+#   of the paper (arXiv 2610.13015) section 3.2, eq. 17). pi = cos^2 b falls as b grows:
+#   pi_high = cos^2(max(a - theta, 0)) and pi_low = cos^2(a + theta), or 0 once a + theta >= pi/2.
 
 PLAIN_F = {"chi2": lambda r: (r - 1) ** 2, "hellinger": lambda r: (math.sqrt(r) - 1) ** 2}   # eqs. 15, 17
-PLAIN_DELTA = {"chi2": 0.2 ** 2, "hellinger": (math.sqrt(0.8) - 1) ** 2}   # |f(0.8)|, GPPO.md section 6
+PLAIN_DELTA = {"chi2": 0.2 ** 2, "hellinger": (math.sqrt(0.8) - 1) ** 2}   # |f(0.8)|, the paper's section 4.1
 CLOSED_D = {"chi2": lambda mu, r: mu * (r - 1) ** 2 / (1 - mu),
             "hellinger": lambda mu, r: 2 * (1 - mu * math.sqrt(r) - math.sqrt((1 - mu) * (1 - mu * r)))}
 # both regimes of each side occur: a side reaches its end of [0, 1/mu] (chi2: low for mu <= delta/(1+delta),
@@ -337,6 +394,23 @@ def test_stats_keys_and_values():
     assert loss.item() == pytest.approx(-(adv[:, None] * (logp - old).exp())[mask].mean().item(), rel=1e-5)
 
 
+def test_stats_pair_values_with_names(monkeypatch):
+    """_stats labels each value by its name, not by its place in STATS: reordering STATS changes no
+    value, a STATS name nothing computes raises, and so does a misspelt mask name."""
+    logp, old, adv, mask = batch(0, spread=1.0)
+    _, want = gppo.gppo_loss(logp, old, adv, mask, "kl", "binary")
+    assert len(set(want[k] for k in gppo.STATS)) == len(gppo.STATS)    # distinct values: a swap shows
+    monkeypatch.setattr(gppo, "STATS", gppo.STATS[::-1])
+    assert gppo.gppo_loss(logp, old, adv, mask, "kl", "binary")[1] == want
+    monkeypatch.setattr(gppo, "STATS", gppo.STATS + ("entropy",))
+    with pytest.raises(AssertionError, match="entropy"):
+        gppo.gppo_loss(logp, old, adv, mask, "kl", "binary")
+    monkeypatch.undo()
+    valid, _, old_, log_r, _ = gppo._prepare(logp, old, adv, mask)
+    with pytest.raises(ValueError, match="clip_frac_uper"):
+        gppo._stats(valid, log_r, old_, clip_frac_uper=valid)
+
+
 # ---- where the region bites: the stats by behaviour probability (BY_MU) ----
 
 def test_by_mu_hand_example():
@@ -379,7 +453,7 @@ def test_by_mu_empty_mask_gives_zeros(cell):
 
 def reference_outside(div, est, log_r, old, delta):
     """|D(r)| > delta in float64, written from eqs. 18-20 independently of gppo's float32 path."""
-    f = gppo.DIVERGENCES[div]
+    f = gppo.get_divergence(div)
     log_r, old = log_r.double(), old.double()
     r, mu, mu_c = log_r.exp(), old.exp(), -torch.expm1(old)
     d = f(r) if est == "mc" else mu * f(r)
@@ -389,7 +463,7 @@ def reference_outside(div, est, log_r, old, delta):
     return ~(d.abs() <= delta)
 
 
-@pytest.mark.parametrize("div,est", CELLS)
+@pytest.mark.parametrize("div,est", CELLS + [(d, e) for d in ("alpha:-1", "alpha:3") for e in gppo.ESTIMATORS])
 def test_region_decisions_match_float64_reference(div, est):
     """On a dense (mu, r) grid of float32 inputs with the hard cases (mu near 1, denormal 1 - mu, mu = delta
     where tv-binary's region ends at r = 0, r at the clamp), gppo.estimate (what gppo_loss decides with)
@@ -410,7 +484,12 @@ def neyman(r):
     return (r - 1) ** 2 / r        # Neyman chi^2, the README how-to's example divergence
 
 
-@pytest.mark.parametrize("f", [*gppo.DIVERGENCES.values(), neyman])
+RULE_ALPHAS = ALPHAS + ["alpha:0", "alpha:1", "alpha:1e-12", "alpha:0.999999999999", "alpha:7", "alpha:-100",
+                       f"alpha:{gppo.ALPHA_MAX}", f"alpha:{-gppo.ALPHA_MAX}"]
+
+
+@pytest.mark.parametrize("f", [*gppo.DIVERGENCES.values(), neyman, *map(gppo.get_divergence, RULE_ALPHAS)],
+                         ids=[*gppo.DIVERGENCES, "neyman", *RULE_ALPHAS])
 def test_divergence_rule(f):
     """The rule a new divergence must obey (gppo.py, above DIVERGENCES): on float64 r anywhere in
     [0, 1e45] (binary's complement ratio reaches ~1e45 for 1 - mu at float32's smallest denormal) it is
@@ -448,7 +527,7 @@ def finite(loss_fn, logp, *args, **kw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(extremes(), st.sampled_from(CELLS), st.sampled_from(gppo.AGGS), st.booleans())
+@given(extremes(), st.sampled_from(CELLS + ALPHA_CELLS), st.sampled_from(gppo.AGGS), st.booleans())
 def test_finite_at_extremes(x, cell, agg, bf16):
     logp, old, adv = x
     if bf16:
@@ -523,6 +602,22 @@ def test_bad_config_raises(kw, bad):
         gppo.gppo_loss(logp, old, adv, mask, **args)
 
 
+@pytest.mark.parametrize("name,says", [
+    ("alpha:x", "'x' is not a number"), ("alpha", "needs a parameter"), ("alpha:", "'' is not a number"),
+    ("kl:2", "kl takes no parameter"), ("alpha:inf", "got inf"), ("alpha:nan", "got nan"),
+    ("alpha:2e6", "got 2000000.0"), ("renyi:2", "unknown divergence")])
+def test_bad_divergence_names(name, says):
+    """check_config (what train.py calls at load time) refuses each, naming the value and what is
+    accepted; so do the other entry points."""
+    for call in (lambda: gppo.check_config(name, "mc"), lambda: gppo.default_delta(name),
+                 lambda: gppo.proximal_bounds(torch.tensor([-1.0]), name, "atomic"),
+                 lambda: gppo.estimate(torch.zeros(1), torch.zeros(1), name, "binary")):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert repr(name) in str(e.value) and says in str(e.value) and "alpha:A" in str(e.value)
+    assert gppo.divergence_names() == [*gppo.DIVERGENCES, "alpha:A"]
+
+
 def test_bad_names_elsewhere_raise():
     with pytest.raises(ValueError, match="renyi"):
         gppo.default_delta("renyi")
@@ -530,9 +625,33 @@ def test_bad_names_elsewhere_raise():
         gppo.proximal_bounds(torch.tensor([-1.0]), "tv", "topk")
 
 
-def test_main_prints_table_and_writes_plot(tmp_path):
-    out = tmp_path / "regions.png"
-    res = subprocess.run([sys.executable, os.path.join(os.path.dirname(gppo.__file__), "gppo.py"),
-                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def test_main_prints_table_without_plotting():
+    """`python gppo.py` prints every cell's region, examples of the alpha family and the line saying
+    any alpha:A works, and imports no plotting library (gppo.py is pure math)."""
+    code = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+            "print('matplotlib' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "gppo.py")],
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "kl-atomic" in res.stdout and out.stat().st_size > 10_000
+    lines = res.stdout.splitlines()
+    assert lines[-1] == "False" and lines[-2].startswith("any alpha:A works")
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines[2:-2]}
+    assert list(rows) == [f"{d}-{e}" for d in [*gppo.DIVERGENCES, "alpha:0.5", "alpha:3"] for e in gppo.ESTIMATORS]
+    for est in gppo.ESTIMATORS:           # the same regions as hellinger's, at twice its delta
+        assert rows[f"alpha:0.5-{est}"].split(None, 1)[1] == rows[f"hellinger-{est}"].split(None, 1)[1]
+
+
+def test_plot_regions_writes_png(tmp_path):
+    """bench/plot_regions.py draws the regions; by default into out/gppo_regions.png under the
+    working directory, creating out/; parametric names work, bad ones are refused."""
+    script = os.path.join(ROOT, "bench", "plot_regions.py")
+    res = subprocess.run([sys.executable, script, "--divergences", "kl,alpha:0.5"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "out" / "gppo_regions.png").stat().st_size > 10_000
+    res = subprocess.run([sys.executable, script, "--divergences", "kl,alpha:x", "--out", str(tmp_path / "x.png")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "'alpha:x'" in res.stderr and not (tmp_path / "x.png").exists()

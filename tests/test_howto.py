@@ -1,10 +1,13 @@
 """The README's how-tos, done as a reader would: add a divergence (Neyman chi^2) and a baseline (clipped-IS
 REINFORCE) with the code the README shows, and check that they reach every place that reads the registries
-(default_delta, all three estimators, proximal_bounds, train.py's flags and loss). The third how-to, a task
-from a JSONL file, is tests/test_tasks.py::test_howto_word_reversal_from_jsonl."""
+(default_delta, all three estimators, proximal_bounds, train.py's flags and loss); use a divergence with a
+parameter (alpha:0.5) and add a family (the README's chi^k, executed from README.md). The JSONL how-to, a
+task from a file, is tests/test_tasks.py::test_howto_word_reversal_from_jsonl (its code-task rows:
+tests/test_loaders.py)."""
 import math
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,3 +75,51 @@ def test_add_a_baseline(monkeypatch):
     assert set(stats) == set(gppo.STATS) | set(gppo.BY_MU) and stats["clip_frac"] > 0
     with pytest.raises(ValueError, match="cap"):
         train.parse_args(["--method", "cis_reinforce", "--loss_kwargs", "cpa=5"])
+
+
+def readme_block(first_line):
+    """The indented code block of README.md that starts with `first_line`, dedented."""
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = lines.index("    " + first_line)
+    block = []
+    for line in lines[start:]:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    return "\n".join(block).strip() + "\n"
+
+
+def test_divergence_with_a_parameter(monkeypatch):
+    # README "A divergence with a parameter": alpha:0.5 in every estimator, its mask agreeing with
+    # its bounds, which are hellinger's (f_0.5 = 2 hellinger and delta scales with f)
+    assert gppo.default_delta("alpha:0.5") == pytest.approx(2 * gppo.default_delta("hellinger"))
+    logp, old, adv, mask = batch(2)
+    for est in gppo.ESTIMATORS:
+        low, high = gppo.proximal_bounds(old, "alpha:0.5", est, ratio_bounds=None)
+        h_low, h_high = gppo.proximal_bounds(old, "hellinger", est, ratio_bounds=None)
+        torch.testing.assert_close(low, h_low, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(high, h_high, rtol=1e-9, atol=1e-12)
+        p = logp.clone().requires_grad_(True)
+        loss, stats = gppo.gppo_loss(p, old, adv, mask, "alpha:0.5", est, ratio_bounds=None, dual_clip=None)
+        loss.backward()
+        r, A = (logp - old).exp().double(), adv[:, None]
+        outside = ((r > high * (1 + 1e-6)) & (A > 0)) | ((r < low * (1 - 1e-6)) & (A < 0))
+        inside = ((r < high * (1 - 1e-6)) | (A < 0)) & ((r > low * (1 + 1e-6)) | (A > 0))
+        assert stats["clip_frac"] > 0
+        assert (p.grad[mask & outside] == 0).all() and (p.grad[mask & inside & (A != 0)] != 0).all()
+    for bad in ("alpha:x", "alpha", "kl:2", "alpha:inf"):
+        with pytest.raises(ValueError, match="alpha:A"):
+            gppo.check_config(bad, "atomic")
+    # a new family: the README's chi^k, run as written there
+    monkeypatch.setattr(gppo, "FAMILIES", dict(gppo.FAMILIES))
+    exec(readme_block("def chi(k):"), {"FAMILIES": gppo.FAMILIES})
+    assert "chi:A" in gppo.divergence_names()
+    r = torch.cat([torch.zeros(1), torch.logspace(-45, 45, 2001, dtype=torch.float64)])
+    for k in (1, 1.5, 3, 10):                                 # the rule (tests/test_gppo.py)
+        f = gppo.get_divergence(f"chi:{k}")
+        assert not torch.isnan(f(r)).any() and (f(r) >= 0).all() and f(torch.ones(1, dtype=torch.float64)) == 0
+    for est in gppo.ESTIMATORS:                               # chi:2 is chi2
+        for got, want in zip(gppo.proximal_bounds(old, "chi:2", est), gppo.proximal_bounds(old, "chi2", est)):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match=r"'chi:0\.5'.*\[1, 10\], got 0\.5"):
+        gppo.check_config("chi:0.5", "mc")

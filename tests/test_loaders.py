@@ -349,3 +349,65 @@ def test_fewshot_template_refuses_rows_without_enough_shots():
         format_prompt(row, "fewshot")
     want = f"<|user|>{row['problem']}{loaders.reward.ANSWER_SUFFIX}<|end|><|assistant|>"  # zero-shot: the instruction
     assert format_prompt(row, "chat", tokenizer) == want
+
+
+# ----------------------------------------------------------------------------- code tasks from jsonl:
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+PROGRAM = "```python\nn = int(input())\nprint(n * n)\n```"     # right for the stdin/stdout row
+FUNCTION = "```python\ndef square(x):\n    return x * x\n```"  # right for the call-style row
+
+
+def readme_heredoc(target):
+    """What README.md's `cat > TARGET <<'EOF'` writes: the doc's own rows, so doc and test agree."""
+    lines = README.read_text().splitlines()
+    start = lines.index(f"cat > {target} <<'EOF'") + 1
+    return "\n".join(lines[start:lines.index("EOF", start)]) + "\n"
+
+
+def test_readme_code_rows_load_and_score(tmp_path, monkeypatch):
+    """README's JSONL how-to, "Code tasks": its stdin/stdout row and its call-style row load through
+    jsonl: and score a correct program 1.0 and a wrong one 0.0 in the real sandbox; each form's
+    right answer scores 0 on the other form's row (what a missing fn_name does to a function)."""
+    import reward
+    monkeypatch.chdir(tmp_path)
+    path = Path("data/mytask/square_train.jsonl")
+    path.parent.mkdir(parents=True)
+    path.write_text(readme_heredoc(str(path)))
+    stdin_row, call_row = load_problems("jsonl:data/mytask/square", "train")
+    assert "fn_name" not in json.loads(stdin_row["ground_truth"])
+    assert json.loads(call_row["ground_truth"])["fn_name"] == "square"
+    assert "standard input" in format_prompt(stdin_row, "code") and "`square`" in format_prompt(call_row, "code")
+    wrong_program, wrong_function = "print(int(input()) * 2)", "def square(x):\n    return x + x"
+    completions = [PROGRAM, wrong_program, FUNCTION, wrong_function, FUNCTION, PROGRAM]
+    rows = [stdin_row, stdin_row, call_row, call_row, stdin_row, call_row]
+    assert reward.score_rows(completions, rows) == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("answer, error", [
+    ({"inputs": [[3], [-4]], "outputs": [9, 16]},
+     r'inputs are lists of arguments \(input 1 is \[3\]\) but no fn_name: add "fn_name": .*or give stdin strings'),
+    (json.dumps({"inputs": [["3\n"]], "outputs": ["9\n"]}),           # a spec given as JSON text
+     r'inputs are lists of arguments \(input 1 is \["3\\n"\]\) but no fn_name'),
+    ({"fn_name": "square", "inputs": ["3", "-4"], "outputs": [9, 16]},
+     r'fn_name "square" but input 1 is "3", not a list of arguments: .*\(\["3"\] for one argument\), '
+     r"or drop fn_name and give stdin strings"),
+    ({"fn_name": "square", "inputs": [[3], -4], "outputs": [9, 16]}, r'fn_name "square" but input 2 is -4, not a list'),
+    ({"inputs": [3, -4], "outputs": [9, 16]},
+     r'input 1 is 3, not stdin text: give a string \(e.g. "3\\n"\), or add "fn_name"'),
+])
+def test_jsonl_refuses_a_code_spec_in_neither_form(tmp_path, answer, error):
+    """A code spec that is neither stdin/stdout (string inputs) nor call-style (fn_name, list
+    inputs) is refused at load time, naming file, line and the fix."""
+    ok = {"problem": "Print 3.", "answer": {"inputs": [""], "outputs": ["3"]}, "task": "code"}
+    write_jsonl(tmp_path / "sq_train.jsonl", [ok, {"problem": "Square x.", "answer": answer, "task": "code"}])
+    with pytest.raises(ValueError, match=rf"sq_train\.jsonl:2: {error}"):
+        load_problems(f"jsonl:{tmp_path}/sq", "train")
+
+
+def test_a_call_spec_without_fn_name_scores_a_right_function_0():
+    """Why the first refusal above: the judge reads such a spec as stdin/stdout and runs the
+    function as a program, so a correct function scores 0.0 (and 1.0 once fn_name is there)."""
+    import reward
+    spec = {"inputs": [[3], [-4]], "outputs": [9, 16]}
+    assert reward.score("code", [FUNCTION, FUNCTION], [spec, dict(spec, fn_name="square")]) == [0.0, 1.0]
