@@ -6,7 +6,8 @@
 #                                                         baseline: gspo gmpo sapo cispo clip_cov drpo dgpo
 #   bash run.sh smollm2 [--flag=value ...]                SmolLM2-135M-Instruct on a reasoning-gym task
 #   bash run.sh sweep [--flag=value ...]                  the comparison with statistics (bench/sweep.py)
-#   DIVERGENCE: tv chi2 kl hellinger js      ESTIMATOR: mc atomic binary   (python train.py -h: all flags)
+#   DIVERGENCE: tv chi2 kl hellinger js alpha:A (e.g. alpha:0.5)   ESTIMATOR: mc atomic binary
+#   (python train.py -h: all flags)
 #   --task rare (any position; also for sweep): the rare-answer task, data/tiny_rare and its data set
 #   tiny-rare-math (data/prepare.py --variant rare), about 2 min; its runs go to out/<name>-rare-seed<seed>.
 #   Extra flags go to train.py. The run's folder is --out_dir (or OUT=...), by default
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "no $PY: run 'bash setup.sh' first (or set PY=python)"; exit 1; }
-usage() { sed -n '2,22p' "$0"; exit 2; }
+usage() { sed -n '2,23p' "$0"; exit 2; }
 [ $# -ge 1 ] || usage
 [ "$1" = sweep ] && { shift; exec "$PY" bench/sweep.py "$@"; }   # cells x seeds, resumable
 

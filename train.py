@@ -74,11 +74,11 @@ def parse_args(argv=None):
     g.add_argument("--data_dir", default=None, help="folder holding local copies of hub data sets")
     g.add_argument("--template", default="plain", help="prompt template (data/loaders.py)")
     g.add_argument("--seed", type=int, default=0, help="seed for data order and sampling")
-    g = p.add_argument_group("objective (gppo.py; the paper, arXiv 2610.13015, sections 3-4)")
+    g = p.add_argument_group("objective (the paper, arXiv 2610.13015: eqs. 11, 14-20, sec. 4.1)")
     g.add_argument("--method", choices=(*gppo.METHODS, *gppo.BASELINES), help="a cell or baseline")
     g.add_argument("--objective", default="gppo", choices=("gppo", *gppo.BASELINES))
     g.add_argument("--divergence", default="kl", help="f of the region: "
-                   f"{', '.join(gppo.DIVERGENCES)}")
+                   f"{', '.join(gppo.divergence_names())} (e.g. alpha:0.5)")
     g.add_argument("--estimator", default="atomic", choices=tuple(gppo.ESTIMATORS), help="D(r)")
     g.add_argument("--delta", type=float, help="region size (default: mc's lower bound is 0.8)")
     g.add_argument("--ratio_bounds", default="0.5,10",

@@ -119,6 +119,11 @@ def check(args):
     args.ratio_bounds = None if args.ratio_bounds == "none" else \
         tuple(float(x) for x in args.ratio_bounds.split(","))
     args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
+    if args.objective == "gppo":   # a name, or a family's name and parameter ("alpha:0.5")
+        try:
+            gppo.get_divergence(args.divergence)
+        except ValueError as e:
+            raise ValueError(f"--divergence={args.divergence!r}: {e}") from None
     args.agg, args.loss_kwargs = loss_settings(args)
     if args.objective == "gppo":   # fails fast on a bad divergence, delta or bounds
         gppo.check_config(args.divergence, args.estimator, args.delta, args.ratio_bounds,

@@ -56,7 +56,7 @@ def test_add_a_divergence(monkeypatch):
         inside = ((r < high * (1 - 1e-6)) | (A < 0)) & ((r > low * (1 + 1e-6)) | (A > 0))
         assert torch.isfinite(p.grad).all() and stats["clip_frac"] > 0
         assert (p.grad[mask & outside] == 0).all() and (p.grad[mask & inside & (A != 0)] != 0).all()
-    # train.py offers it (argparse reads DIVERGENCES when the parser is built)
+    # train.py offers it (its flag check resolves the name through gppo.get_divergence)
     assert train.parse_args(["--divergence", "neyman", "--estimator", "binary"]).cell == "neyman-binary"
 
 
@@ -110,6 +110,10 @@ def test_divergence_with_a_parameter(monkeypatch):
     for bad in ("alpha:x", "alpha", "kl:2", "alpha:inf"):
         with pytest.raises(ValueError, match="alpha:A"):
             gppo.check_config(bad, "atomic")
+        with pytest.raises(ValueError, match=f"--divergence={bad!r}: .*alpha:A"):
+            train.parse_args(["--divergence", bad])
+    assert train.parse_args(["--divergence", "alpha:0.5", "--estimator", "atomic"]).cell \
+        == "alpha:0.5-atomic"
     # a new family: the README's chi^k, run as written there
     monkeypatch.setattr(gppo, "FAMILIES", dict(gppo.FAMILIES))
     exec(readme_block("def chi(k):"), {"FAMILIES": gppo.FAMILIES})

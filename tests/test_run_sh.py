@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+import gppo
+
 from conftest import ENV, ROOT, ok, run
 
 STUB = """#!/bin/sh
@@ -109,3 +111,22 @@ def test_a_second_run_in_the_same_folder_stops_at_start_and_keeps_the_log(tmp_pa
     assert log.read_text().startswith("the first run's log\n") and "already holds a run" in \
         log.read_text()
     assert "iter 1/" not in text and "evaluating" not in text   # nothing ran
+
+
+def test_run_sh_trains_a_divergence_with_a_parameter(tiny, tmp_path):
+    """bash run.sh alpha:0.5 atomic: the README's parametric divergence, 2 iterations end to end;
+    its rows carry the cell's divergence estimate, and the sweep's default cells are unchanged."""
+    out = tmp_path / "alpha"
+    proc, _ = run(["bash", "run.sh", "alpha:0.5", "atomic", "--model", str(tiny / "model"),
+                   "--data_dir", str(tiny), "--iters", "2", "--prompts_per_iter", "8",
+                   "--prompts_per_update", "4", "--group_size", "4", "--max_new_tokens", "16",
+                   "--eval_k", "1", "--threads", "1", "--out_dir", str(out)], timeout=300)
+    ok(proc)
+    assert proc.stdout.splitlines()[0].startswith("alpha:0.5-atomic: "), proc.stdout[:500]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in rows] == [1, 2] and all(r["updates"] >= 1 for r in rows)
+    assert rows[-1]["div_mean"] > 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    import sweep
+    names = [name for name, _ in sweep.methods()]
+    assert len(names) == len(gppo.BASELINES) + 15 and not any(":" in n for n in names)

@@ -224,7 +224,7 @@ def test_train_two_iterations_end_to_end(tiny, tmp_path):
 
 @pytest.mark.parametrize("argv,bad,accepted", [
     (["foo"], "foo", "'grpo', 'ppo', 'dapo', 'dppo', 'ripo', 'gspo'"),
-    (["foo", "atomic"], "foo", "'tv', 'chi2', 'kl', 'hellinger', 'js'"),
+    (["foo", "atomic"], "foo", "accepted: tv, chi2, kl, hellinger, js, alpha:A"),
     (["kl", "foo"], "foo", "'mc', 'atomic', 'binary'"),
 ])
 def test_run_sh_refuses_unknown_cells(argv, bad, accepted):
@@ -238,7 +238,8 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
     # --model points nowhere and --out_dir must stay uncreated: reaching model loading (or
     # main()) would fail differently, so the message check below also proves the early exit.
     # The runs go in parallel: each is only the imports (~5 s) and argument checks.
-    cases = [(["--divergence", "foo"], ["--divergence", "'foo'", "'tv', 'chi2', 'kl', 'hellinger', 'js'"]),
+    cases = [(["--divergence", "foo"], ["--divergence", "'foo'", "tv, chi2, kl, hellinger, js, alpha:A"]),
+             (["--divergence", "alpha:x"], ["--divergence", "'alpha:x'", "not a number", "alpha:A"]),
              (["--estimator", "foo"], ["--estimator", "'foo'", "'mc', 'atomic', 'binary'"]),
              (["--delta", "-1"], ["delta", "-1"]),
              (["--prompts_per_iter", "10", "--prompts_per_update", "4"], ["--prompts_per_iter=10", "--prompts_per_update=4", "multiple"]),
