@@ -41,7 +41,8 @@ Design choices:
    letter runs outside \\text{...} and function names (sin, log, ...), and names task "exact".
 9. "exact" compares the answer line (extract_answer, as for math) with the ground truth after
    the same clean-up and with runs of whitespace made one space. It is case-sensitive: exactness
-   is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more entry.
+   is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more
+   entry.
 """
 import concurrent.futures
 import dataclasses
@@ -58,7 +59,7 @@ from infra import sandbox, workers as pool
 MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
 MATH_TAIL_CHARS = 4000     # only the tail of a completion is searched for the final answer
 MATH_MAX_ANSWER = 400      # longer extracted answers score 0 without reaching sympy
-RG_TIMEOUT_S = 5.0         # hard wall-clock limit per reasoning-gym item; the worker is killed past it
+RG_TIMEOUT_S = 5.0         # hard wall-clock limit per reasoning-gym item, as for math
 CODE_TIMEOUT_S = 5.0       # wall-clock limit per sandboxed interpreter run
 CODE_MAX_TESTS = 10        # tests run per problem (the first ones)
 CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
@@ -92,7 +93,8 @@ def extract_answer(completion):
 
 
 def _clean(answer):
-    """Emphasis, $..$ and a final full stop off an answer (**56**, $56$, 56.); "" if nothing is left."""
+    """Emphasis, $..$ and a final full stop off an answer (**56**, $56$, 56.); "" if nothing is
+    left."""
     return answer.strip(" \t*$").rstrip(".").strip(" \t*$")
 
 
@@ -113,12 +115,14 @@ def _pathological(answer):
 
 # A math ground truth is refused if, once text arguments and LaTeX commands are taken out, it still
 # has a run of 2+ letters that is not a function name (choice 8): math-verify would read it as a
-# product of variables. Single letters (x, A, i) are variables or choices, as math-verify reads them.
-_TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it|sf|tt)|operatorname|begin|end)\s*\{[^{}]*\}")
+# product of variables. Single letters (x, A, i) are variables or choices, as math-verify reads
+# them.
+_TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it|sf|tt)|operatorname|begin|end)"
+                       r"\s*\{[^{}]*\}")
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 _LETTERS = re.compile(r"[^\W\d_]{2,}")
-_MATH_NAMES = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh",
-               "tanh", "log", "ln", "exp", "sqrt", "pi", "max", "min", "gcd", "lcm", "mod"}
+_MATH_NAMES = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh",
+               "cosh", "tanh", "log", "ln", "exp", "sqrt", "pi", "max", "min", "gcd", "lcm", "mod"}
 
 
 def _math_gold(ground_truth):
@@ -134,10 +138,10 @@ def _math_gold(ground_truth):
     if words:
         w = words[0]
         raise ValueError(
-            f"math ground truth {g!r} is not a math expression: math-verify reads {w!r} as the product "
-            f"{'*'.join(w)}, so any answer with these letters in any order would score 1. For answers "
-            f"that are words use task 'exact'; in a math answer write text as \\text{{{w}}} and a product "
-            f"of variables with spaces ({' '.join(w)})")
+            f"math ground truth {g!r} is not a math expression: math-verify reads {w!r} as the "
+            f"product {'*'.join(w)}, so any answer with these letters in any order would score 1. "
+            f"For answers that are words use task 'exact'; in a math answer write text as "
+            f"\\text{{{w}}} and a product of variables with spaces ({' '.join(w)})")
     return gold
 
 
@@ -147,17 +151,19 @@ def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
 
 # ------------------------------------------------------------------------ reasoning-gym
 def _rg_gold(ground_truth):
-    """A reasoning-gym ground truth (JSON text or dict) as canonical JSON; ValueError if malformed."""
+    """A reasoning-gym ground truth (JSON text or dict) as canonical JSON; ValueError if
+    malformed."""
     g = ground_truth
     if isinstance(g, str):
         try:
             g = json.loads(g)
         except ValueError:
             g = None
-    if not (isinstance(g, dict) and isinstance(g.get("dataset"), str) and isinstance(g.get("config"), dict)
-            and isinstance(g.get("entry"), dict)):
-        raise ValueError("malformed reasoning-gym ground truth (need JSON with 'dataset' (str), 'config' "
-                         f"(dict), 'entry' (dict), as data/loaders.py writes): {str(ground_truth)[:200]!r}")
+    if not (isinstance(g, dict) and isinstance(g.get("dataset"), str)
+            and isinstance(g.get("config"), dict) and isinstance(g.get("entry"), dict)):
+        raise ValueError("malformed reasoning-gym ground truth (need JSON with 'dataset' (str), "
+                         "'config' (dict), 'entry' (dict), as data/loaders.py writes): "
+                         f"{str(ground_truth)[:200]!r}")
     return json.dumps(g, sort_keys=True)
 
 
@@ -213,8 +219,9 @@ def _same_value(got, exp):
     if isinstance(got, bool) or isinstance(exp, bool):
         return got is exp
     if isinstance(got, (int, float)) and isinstance(exp, (int, float)):
-        return math.isclose(got, exp, rel_tol=1e-6, abs_tol=1e-6) if float in (type(got), type(exp)) \
-            else got == exp
+        if float in (type(got), type(exp)):
+            return math.isclose(got, exp, rel_tol=1e-6, abs_tol=1e-6)
+        return got == exp
     if isinstance(got, list) and isinstance(exp, list):
         return len(got) == len(exp) and all(map(_same_value, got, exp))
     if isinstance(got, dict) and isinstance(exp, dict):
@@ -243,8 +250,11 @@ def _code_score(code, spec, timeout, max_tests):
                     isinstance(exp, list) and len(exp) == 1 and _same_value(got, exp[0])):
                 return 0.0
         return 1.0
-    text = lambda x: x if isinstance(x, str) else "\n".join(map(str, x)) \
-        if isinstance(x, list) else str(x)  # APPS sometimes stores lists of lines
+
+    def text(x):  # APPS sometimes stores lists of lines
+        if isinstance(x, list):
+            return "\n".join(map(str, x))
+        return x if isinstance(x, str) else str(x)
     for inp, exp in tests:  # stdin/stdout: one fresh interpreter per test, stop at a failure
         out = sandbox.run(code, text(inp).encode("utf-8", "replace"), None, timeout)
         if out is None or not _same_text(out.decode("utf-8", "replace"), text(exp)):
@@ -263,7 +273,9 @@ def _code_judge(code, spec, timeout, max_tests=CODE_MAX_TESTS):
 
 def code_reward(completion, tests, *, timeout=CODE_TIMEOUT_S, max_tests=CODE_MAX_TESTS):
     spec = _parse_tests(tests)
-    return _code_judge(extract_code(completion), spec, timeout, max_tests) if isinstance(completion, str) else 0.0
+    if not isinstance(completion, str):
+        return 0.0
+    return _code_judge(extract_code(completion), spec, timeout, max_tests)
 
 
 # ----------------------------------------------------------------------------------- tasks
@@ -277,20 +289,21 @@ DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 CODE_STDIN = ("{problem}\n\nWrite a Python 3 program that solves the problem above. It must read "
               "the input from standard input and print the answer to standard output. Give the "
               "complete program in a single ```python code block.")
-CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by defining `{fn_name}` "
-             "(keep the signature of the starter code if one is given); it is called on each test "
-             "input and its return value is checked. Give the complete code in a single ```python "
-             "code block.")
+CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by defining "
+             "`{fn_name}` (keep the signature of the starter code if one is given); it is called "
+             "on each test input and its return value is checked. Give the complete code in a "
+             "single ```python code block.")
 ANSWER_SUFFIX = '\n\nEnd your response with a line of the form "Answer: <answer>".'
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One kind of problem: how to ask for it, what a valid ground truth is, how to score a response."""
+    """One kind of problem: how to ask for it, what a valid ground truth is, how to score a
+    response. `check` runs on every row at load time; `judge` raises only on configuration."""
     instruction: Callable    # row -> the prompt text for a base model
-    check: Callable          # ground truth -> the gold `judge` gets; ValueError if malformed (run at load time)
-    extract: Callable        # completion -> the answer `judge` gets (a str), None if there is none (scores 0)
-    judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]; raises only on configuration
+    check: Callable          # ground truth -> the gold `judge` gets; ValueError if malformed
+    extract: Callable        # completion -> the answer `judge` gets (a str), or None (scores 0)
+    judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]
     timeout: float = 5.0     # default limit per item (seconds), passed to judge
     uses_pool: bool = False  # judge asks the checker workers (infra/workers.py): start them first
 
@@ -310,17 +323,22 @@ def _exact_gold(ground_truth):
     return gold
 
 
+def _math_judge(answer, gold, timeout):
+    return 0.0 if _pathological(answer) else pool.verdict("math", gold, answer, timeout)
+
+
 TASKS = {
-    "math": Task(instruction=lambda row: DAPO_PREFIX + row["problem"] + DAPO_SUFFIX, check=_math_gold,
-                 extract=extract_answer, timeout=MATH_TIMEOUT_S, uses_pool=True,
-                 judge=lambda a, gold, t: 0.0 if _pathological(a) else pool.verdict("math", gold, a, t)),
+    "math": Task(instruction=lambda row: DAPO_PREFIX + row["problem"] + DAPO_SUFFIX,
+                 check=_math_gold, extract=extract_answer, judge=_math_judge,
+                 timeout=MATH_TIMEOUT_S, uses_pool=True),
     "code": Task(instruction=_code_instruction, check=_parse_tests, extract=extract_code,
                  judge=_code_judge, timeout=CODE_TIMEOUT_S),
     "rg": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_rg_gold,
                extract=extract_answer, timeout=RG_TIMEOUT_S, uses_pool=True,
                judge=lambda a, gold, t: pool.verdict("rg", gold, a, t)),
     "exact": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_exact_gold,
-                  extract=extract_answer, judge=lambda a, gold, t: float(" ".join(a.split()) == gold)),
+                  extract=extract_answer,
+                  judge=lambda a, gold, t: float(" ".join(a.split()) == gold)),
 }
 
 
@@ -340,11 +358,14 @@ def score(task, completions, ground_truths, workers=None, timeout=None):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
     golds = [t.check(g) for g in ground_truths]  # fail fast, before running anything
     # choice 7: the ranks of one node share its cores
-    workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    workers = workers or max(1, len(os.sched_getaffinity(0))
+                             // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     if t.uses_pool:
         pool.start(workers)
     answers = [t.extract(c) if isinstance(c, str) else None for c in completions]
-    run = lambda a, g: 0.0 if a is None else t.judge(a, g, timeout or t.timeout)
+
+    def run(a, g):
+        return 0.0 if a is None else t.judge(a, g, timeout or t.timeout)
     # Identical (answer, ground truth) pairs are judged once: a converging policy repeats itself
     # (most of a group's 8 programs are often the same text), and each distinct program is still
     # run in a fresh sandbox. Keys are the extracted program / answer, so prose around them is free.
@@ -371,7 +392,8 @@ def score_rows(completions, rows, **kw):
     out = [0.0] * len(completions)
     for task in sorted({r["task"] for r in rows}):
         idx = [i for i, r in enumerate(rows) if r["task"] == task]
-        got = score(task, [completions[i] for i in idx], [rows[i]["ground_truth"] for i in idx], **kw)
+        got = score(task, [completions[i] for i in idx], [rows[i]["ground_truth"] for i in idx],
+                    **kw)
         for i, s in zip(idx, got):
             out[i] = s
     return out
