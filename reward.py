@@ -145,6 +145,11 @@ def _math_gold(ground_truth):
     return gold
 
 
+def _math_judge(answer, gold, timeout):
+    """math-verify's verdict, from a killable checker worker (choice 3)."""
+    return 0.0 if _pathological(answer) else pool.verdict("math", gold, answer, timeout)
+
+
 def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
     return score("math", [completion], [ground_truth], workers=1, timeout=timeout)[0]
 
@@ -321,10 +326,6 @@ def _exact_gold(ground_truth):
     if not gold:
         raise ValueError(f"exact ground truth {ground_truth!r} is empty")
     return gold
-
-
-def _math_judge(answer, gold, timeout):
-    return 0.0 if _pathological(answer) else pool.verdict("math", gold, answer, timeout)
 
 
 TASKS = {
