@@ -23,7 +23,8 @@ Choices (the vLLM 0.32 internals each rests on: infra/VLLM.md):
 7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself (no second
    copy, no sync; same sampling, same RolloutBatch): for machines without vLLM, the fast path.
 """
-import dataclasses, json, logging, os
+import logging
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -223,36 +224,6 @@ def weight_buckets(model, bucket_mb=256):
         size, layer = size + full.numel() * full.element_size(), here
     if bucket:
         yield bucket
-
-
-def save_rollouts(folder, it, rank, batch, positions):
-    """--save_rollouts: this rank's RolloutBatch of iteration `it` and the iteration-wide positions
-    of its prompts (JSON), so --replay_rollouts can hand each prompt to whichever rank owns it."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"iter_{it:06d}_rank{rank:03d}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"positions": positions, **dataclasses.asdict(batch)}, f)
-    os.replace(path + ".tmp", path)
-
-
-def replayed_rollouts(folder, it, positions, G):
-    """--replay_rollouts: the groups a --save_rollouts run sampled at iteration `it` for the prompt
-    `positions`, whatever its number of processes (files of every rank are searched)."""
-    files = sorted(f for f in os.listdir(folder) if f.startswith(f"iter_{it:06d}_rank"))
-    if not files:
-        raise FileNotFoundError(f"--replay_rollouts={folder!r} has no rollouts of iteration {it}")
-    groups = {}                                  # iteration position -> that prompt's G samples
-    for name in files:
-        with open(os.path.join(folder, name)) as f:
-            saved = json.load(f)
-        for k, pos in enumerate(saved.pop("positions")):
-            groups[pos] = {key: v[k * G:(k + 1) * G] for key, v in saved.items()}
-    missing = [p for p in positions if p not in groups]
-    if missing:
-        raise ValueError(f"--replay_rollouts={folder!r}: iteration {it} has no rollouts for prompt positions "
-                         f"{missing[:5]} (replay needs the same --seed, --prompts_per_iter and --group_size)")
-    return RolloutBatch(*[[x for p in positions for x in groups[p][f.name]]
-                          for f in dataclasses.fields(RolloutBatch)])
 
 
 class HFRollout:
