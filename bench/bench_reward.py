@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reward  # noqa: E402
+from infra import sandbox, workers as pool  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
 parser.add_argument("--n-math", type=int, default=256, help="math completions per batch")
@@ -57,8 +58,8 @@ def code_item(i):
 math_batch = [math_item(i) for i in range(args.n_math)]
 code_batch = [code_item(i) for i in range(args.n_code)]
 workers = args.workers or len(os.sched_getaffinity(0))
-mode = ("bwrap, as root: per-run uid + nested user namespace" if reward.BWRAP and os.geteuid() == 0
-        else "bwrap" if reward.BWRAP else "FALLBACK (no bwrap)")
+mode = ("bwrap, as root: per-run uid + nested user namespace" if sandbox.BWRAP and os.geteuid() == 0
+        else "bwrap" if sandbox.BWRAP else "FALLBACK (no bwrap)")
 print(f"config: workers={workers} cores={len(os.sched_getaffinity(0))} sandbox={mode} "
       f"math_timeout={reward.MATH_TIMEOUT_S}s code_timeout={reward.CODE_TIMEOUT_S}s "
       f"max_tests={reward.CODE_MAX_TESTS} python={sys.version.split()[0]}")
@@ -75,4 +76,4 @@ for task, batch in (("math", math_batch), ("code", code_batch)):
     print(f"{task}: {len(batch)} items, mean reward {sum(scores) / len(scores):.2f} | "
           f"first call {first:.2f}s (incl. start-up) | steady {max(rates):.0f} items/s "
           f"(best of {args.repeats}; all: {', '.join(f'{r:.0f}' for r in rates)})")
-reward.close()
+pool.close()
