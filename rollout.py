@@ -26,6 +26,7 @@ Choices (the vLLM 0.32 internals each rests on: infra/VLLM.md):
 import inspect
 import logging
 import os
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -60,6 +61,14 @@ _HARMLESS = {
     # torch.set_num_threads calls (train.py sets its threads before the engine starts)
     "vllm.v1.worker.cpu_worker": (
         "is not found in LD_PRELOAD", "doesn't allow to use `torch.set_num_threads`"),
+    # at every engine start on the CPU: what the CPU build cannot use (Triton, compiled graphs,
+    # the V2 runner) and the choices we made (enforce_eager; an in-process engine whose global
+    # seed the trainer reseeds at every sampling call)
+    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
+    "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
+    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled",
+                         "Model Runner V2 requires Triton"),
+    "vllm.engine.arg_utils": ("The global random seed is set to",),
 }
 
 
@@ -74,6 +83,10 @@ class _DropHarmless(logging.Filter):
 
 def _import_vllm():
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")               # choice 6
+    for name, texts in _HARMLESS.items():    # before the import: some are said while importing
+        logging.getLogger(name).addFilter(_DropHarmless(texts))
+    # vLLM's Triton shim reads a deprecated torch alias at import: a FutureWarning, twice
+    warnings.filterwarnings("ignore", "`torch.distributed.reduce_op` is deprecated", FutureWarning)
     import vllm
     if not vllm.__version__.startswith(VLLM_TESTED):
         raise RuntimeError(f"vllm {vllm.__version__} is installed; rollout.py's weight sync was "
@@ -84,8 +97,6 @@ def _import_vllm():
     if "weights_iterator" not in inspect.signature(reload).parameters:
         raise RuntimeError(f"vllm {vllm.__version__}: the model runner has no "
                            f"reload_weights(weights_iterator=...)")
-    for name, texts in _HARMLESS.items():
-        logging.getLogger(name).addFilter(_DropHarmless(texts))
     return vllm
 
 
