@@ -34,6 +34,8 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP
 
+from infra.lora import policy_weights
+
 # vllm and transformers are imported where an engine needs them: each takes seconds to import, and
 # `import rollout` (RolloutBatch, weight_buckets) needs neither; vLLM also reads the environment
 # variables set just before its import (choices 1, 6).
@@ -245,7 +247,7 @@ def weight_buckets(model, bucket_mb=256):
     exceeds the limit by at most one layer. Lazy: under FSDP2 each parameter is a DTensor shard,
     gathered with full_tensor() only when its bucket is reached."""
     limit, bucket, size, layer = bucket_mb * 2 ** 20, [], 0, None
-    for name, t in extract_model_from_parallel(model).state_dict().items():
+    for name, t in policy_weights(model):     # under LoRA: base + adapters, merged (infra/lora.py)
         parts = name.split(".")
         here = ".".join(parts[:parts.index("layers") + 2]) if "layers" in parts[:-1] else name
         if bucket and size >= limit and here != layer:       # close the bucket between layers

@@ -9,9 +9,8 @@ One iteration, in the order main() runs it (the loop's comments use the same num
 1. Sample `prompts_per_iter` prompts x `group_size` completions at temperature 1 with vLLM
    (rollout.py), each rank its share of every mini-batch's prompts (whole groups).
 2. Score them with reward.py (binary 0/1), in a thread while step 3 runs.
-3. The behaviour log-probs mu (`old_logp`): recomputed once with the weights that sampled, before
-   any update (`--mu_source recompute`, the default: trainer and sampler numerics then agree
-   exactly at the first update), or vLLM's own (`--mu_source vllm`, one forward pass fewer).
+3. mu's log-probs (`old_logp`): recomputed once by the trainer before any update (the default:
+   the ratio is exactly 1 at the first step), or vLLM's own (`--mu_source vllm`).
 4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), broadcast to every token.
 5. `epochs` passes in mini-batches of `prompts_per_update` prompts, one AdamW step each (the
    paper: 128/16 = 8 steps, 1 epoch), on gppo.py's loss over the *whole* mini-batch (all
@@ -50,6 +49,7 @@ from infra.checkpoints import (StopRequest, check_out_dir, prepare_out_dir, resu
 from infra.clip_cov import clip_cov_selection
 from infra.distributed import agree_to_stop, gradient_sync, make_accelerator, micro_batches
 from infra.logprobs import collate
+from infra.lora import adapters_off, add_adapters
 # token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
 #   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 from infra.logprobs import token_logprobs
@@ -57,9 +57,7 @@ from infra.metrics import MetricsLog, Stopwatch, UpdateLog
 from infra.replay import replayed_rollouts, save_rollouts
 from rollout import make_engine, weight_buckets
 
-# configuration ---------------------------------------------------------------------------------
-# The algorithm's flags here, the run's (files, memory, logging) in infra/flags.py. The defaults
-# are the embedded CPU default.
+# configuration: the algorithm's flags; the run's (files, memory, LoRA, logging): infra/flags.py
 
 
 def parse_args(argv=None):
@@ -135,12 +133,17 @@ def setup(args):
         f"out {args.out_dir}")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.config.use_cache = False
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    if args.lora_rank:   # only the adapters train: the optimizer holds their parameters alone
+        model = add_adapters(model, args)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=args.lr, weight_decay=args.weight_decay)
     model, opt = acc.prepare(model, opt)
     sampler = PromptSampler(rows, args.train_mix, args.seed)
     acc.register_for_checkpointing(sampler)           # its position goes into every checkpoint
     ref_model = None
-    if args.kl_coef > 0:
+    if args.kl_coef > 0 and args.lora_rank and not args.ref_model:
+        ref_model = acc.unwrap_model(model)   # with its adapters off: no second copy (as TRL)
+    elif args.kl_coef > 0:
         ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=model.dtype)
         ref_model = acc.prepare_model(ref.eval().requires_grad_(False), evaluation_mode=True)
     longest = max(len(r["prompt_ids"]) for r in rows + eval_rows)
@@ -176,8 +179,7 @@ class Samples:
 # 1. sample ---------------------------------------------------------------------------------------
 
 def minibatches(args, it):
-    """The iteration's mini-batches as lists of prompt positions (0..P-1), the same for every
-    process count."""
+    """The iteration's mini-batches: lists of prompt positions 0..P-1, whatever the world size."""
     P, M = args.prompts_per_iter, args.prompts_per_update
     perm = random.Random(args.seed * 7919 + it).sample(range(P), P)
     return [perm[u * M:(u + 1) * M] for u in range(P // M)]
@@ -285,7 +287,7 @@ def policy_loss(args, lp, old_logp, adv, mask, count, **extra):
 def reference_kl(args, ref_model, inputs, lp, mask, count):
     """--kl_coef: the k3 estimate of KL(pi || ref) per token, aggregated like the policy loss;
     returns (the penalty to add to the loss, the summed KL over the tokens for the log)."""
-    with torch.no_grad():
+    with torch.no_grad(), adapters_off(ref_model):   # under LoRA the reference is the base model
         ref_logp, _ = token_logprobs(ref_model, *inputs, args.logp_chunk_mb, args.head_precision)
     d = ref_logp - lp
     kl = d.exp() - d - 1
@@ -388,8 +390,7 @@ def main(argv=None):
     save_policy(acc, run.model, run.tok, os.path.join(args.out_dir, "final"))
     if acc.is_main_process:
         metrics.plot(os.path.join(args.out_dir, "dynamics.png"))
-        run.log(f"saved {args.out_dir}/final, metrics.jsonl, dynamics.png, checkpoints in "
-                f"{ckpt_dir}")
+        run.log(f"saved {args.out_dir}/final, metrics.jsonl, dynamics.png, checkpoints/")
     if run.eval_rows:
         evaluate(args, run, "eval.json")
     acc.wait_for_everyone()

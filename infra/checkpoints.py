@@ -16,8 +16,9 @@ import shutil
 import signal
 
 from infra.flags import RUN_NEUTRAL
+from infra.lora import is_lora, policy_weights
 
-RUN_FILES = ("metrics.jsonl", "checkpoints", "final", "eval.json", "eval_start.json",
+RUN_FILES = ("metrics.jsonl", "checkpoints", "final", "adapter", "eval.json", "eval_start.json",
              "dynamics.png")
 
 
@@ -118,15 +119,30 @@ def load_checkpoint(args, acc, ckpt_dir):
 
 
 def save_policy(acc, model, tokenizer, path):
-    """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers)."""
+    """The policy alone, in Hugging Face format (loadable by eval.py, vLLM and transformers).
+    Under LoRA that folder holds base + adapters merged, and `adapter/` beside it the adapters
+    alone in peft's format (a few MB; load with peft.PeftModel.from_pretrained(base, dir))."""
     state = acc.get_state_dict(model)        # gathered from the shards under FSDP
+    lora = is_lora(model)
+    merged = dict(policy_weights(model)) if lora else state   # every rank: gathers under FSDP
     if acc.is_main_process:
+        inner = acc.unwrap_model(model)
         shutil.rmtree(path + ".tmp", ignore_errors=True)
-        acc.unwrap_model(model).save_pretrained(path + ".tmp", state_dict=state)
+        (inner.get_base_model() if lora else inner).save_pretrained(path + ".tmp",
+                                                                    state_dict=merged)
         tokenizer.save_pretrained(path + ".tmp")
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(path + ".tmp", path)
+        _replace(path + ".tmp", path)
+        if lora:
+            adapter = os.path.join(os.path.dirname(path), "adapter")
+            inner.save_pretrained(adapter + ".tmp", state_dict=state)
+            _replace(adapter + ".tmp", adapter)
     acc.wait_for_everyone()
+
+
+def _replace(tmp, path):
+    """The finished folder `tmp` takes the place of `path` (an earlier one is removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
 
 
 class StopRequest:

@@ -50,7 +50,8 @@ def check_world(args, world):
 
 def seed_everything(seed, rank):
     """Python's and numpy's streams differ per rank (nothing shared is drawn from them); torch's is
-    the same on every rank, so a model initialised from it (none is today) would be the same."""
+    the same on every rank, so what is initialised from it (LoRA's A matrices) is the same
+    everywhere, and the same as in a one-process run."""
     random.seed(seed + rank)
     np.random.seed(seed + rank)
     torch.manual_seed(seed)

@@ -51,6 +51,13 @@ def add_run_flags(p):
     g.add_argument("--eval_every", type=int, default=0, help="also score --eval_data every N "
                    "iterations, into that row (eval_avg@k) and eval_iter_N.json; 0 = at the end")
     g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
+    g = p.add_argument_group("LoRA through peft (infra/lora.py; README \"LoRA on one GPU\")")
+    g.add_argument("--lora_rank", type=int, default=0, help="adapter rank; 0 = full fine-tune")
+    g.add_argument("--lora_alpha", type=float, default=None, help="LoRA scale alpha/rank "
+                   "(default: 2 x rank)")
+    g.add_argument("--lora_dropout", type=float, default=0.0, help="dropout on the adapters' input")
+    g.add_argument("--lora_target_modules", default="all-linear", help="comma-separated names of "
+                   "the linear layers to adapt (default: every one of attention and MLP)")
     g = p.add_argument_group("run: engines, memory and precision")
     g.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm (fast), or "
                    "transformers.generate on the policy's own weights (no vLLM needed)")
@@ -114,6 +121,12 @@ def check(args):
     for flag in ("kl_coef", "target_kl"):
         if getattr(args, flag) < 0:
             bad(args, flag, "a number >= 0")
+    if args.lora_rank < 0:
+        bad(args, "lora_rank", "0 (off) or a positive rank")
+    if not 0 <= args.lora_dropout < 1:
+        bad(args, "lora_dropout", "a probability in [0, 1)")
+    if args.lora_alpha is None:
+        args.lora_alpha = 2.0 * args.lora_rank
     if args.resume and args.overwrite:
         bad(args, "overwrite", "unset with --resume (one continues the run, the other deletes it)")
     args.ratio_bounds = None if args.ratio_bounds == "none" else \

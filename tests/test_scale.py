@@ -63,7 +63,8 @@ def recorded(tiny, tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("option", [[], ["--drop_uniform_groups", "--overlong", "mask"]], ids=["plain", "drop+mask"])
+@pytest.mark.parametrize("option", [[], ["--drop_uniform_groups", "--overlong", "mask"],
+                                    ["--lora_rank", "4", "--lr", "3e-3"]], ids=["plain", "drop+mask", "lora"])
 def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, option):
     replay = ["--replay_rollouts", str(recorded / "rollouts")]
     ev = [] if option else ["--eval_data", "tiny-math"]   # plain: also the final avg@k, sharded over ranks
@@ -74,7 +75,7 @@ def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, opt
         assert set(got) == {"tiny-math", "all"} and 0 <= got["all"] <= 100, got
     assert "2 process(es)" in two.stdout + two.stderr, "accelerate launch did not start two processes"
     a, b = metrics(tmp_path / "one")[0], metrics(tmp_path / "two")[0]
-    if option:
+    if "--drop_uniform_groups" in option:
         assert a["kept_frac"] < 1, "nothing was dropped: the uneven case is not exercised"
     assert a["updates"] == b["updates"] >= 1          # a mini-batch whose samples all drop takes no step
     for k in ("reward_mean", "response_len", "kept_frac", "truncated_frac"):
