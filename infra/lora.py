@@ -52,8 +52,9 @@ def policy_weights(model):
     for name, t in base.state_dict().items():
         if ".lora_" in name:
             continue
+        t = _full(t)                    # a collective under FSDP2: every rank iterates alike
         if name in adapted:
-            t = _full(t) + _delta(adapted[name], inner.active_adapter).to(t.dtype)
+            t = t + _delta(adapted[name], inner.active_adapter).to(t.dtype)
         yield name.replace(".base_layer.", "."), t
 
 
