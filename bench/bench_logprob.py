@@ -45,7 +45,7 @@ args = p.parse_args()
 
 
 def ours_rows():
-    """Tokens per chunk of train.py's token_logprobs at this vocabulary."""
+    """Tokens per chunk of infra.logprobs.token_logprobs at this vocabulary."""
     return max(1, (args.chunk_mb << 20) // (4 * args.vocab))
 
 

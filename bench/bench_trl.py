@@ -49,11 +49,13 @@ update, one pass, micro-batch 64), read from trl/trainer/grpo_config.py and grpo
    threads stall at every parallel region (seen here: 13 s vs 1.5 s per iteration), so measure on
    a shared machine with `--threads 1`.
 """
-import argparse, json, os, random, statistics, subprocess, sys, tempfile, threading, time
+import argparse, json, os, random, statistics, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from measure import run_measured  # noqa: E402
 
 p = argparse.ArgumentParser(description="iteration time and peak memory: train.py vs TRL GRPOTrainer")
 p.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder")
@@ -150,30 +152,6 @@ if args.side:
 # ----------------------------------------------------------------------------------------------
 # the driver: run each side as a subprocess, measure its process tree
 
-def run_measured(cmd, log_path):
-    """Run cmd; return (returncode, wall s, peak summed RSS of the tree GB, largest single VmHWM GB)."""
-    import psutil
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        peak, done, t0 = [0], threading.Event(), time.time()
-
-        def sample():
-            root = psutil.Process(proc.pid)
-            while not done.is_set():
-                try:
-                    rss = sum(q.memory_info().rss for q in [root] + root.children(recursive=True))
-                    peak[0] = max(peak[0], rss)
-                except psutil.Error:
-                    pass
-                done.wait(0.2)
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-        _, status, usage = os.wait4(proc.pid, 0)      # ru_maxrss: max over the child and its children, KiB
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        done.set(); th.join()
-    return proc.returncode, time.time() - t0, peak[0] / 1e9, usage.ru_maxrss * 1024 / 1e9
-
-
 def tail(path, n=15):
     return "".join(Path(path).read_text(errors="replace").splitlines(True)[-n:])
 
@@ -239,7 +217,7 @@ def main():
                 *(["--mixed_precision", "bf16", "--vllm_dtype", "bfloat16"] if args.bf16 else [])]
     if args.data_dir:
         ours_cmd += ["--data_dir", args.data_dir]
-    rc, wall, tree, hwm = run_measured(ours_cmd, work / "ours.log")
+    rc, wall, tree, hwm = run_measured(ours_cmd, work / "ours.log", cwd=ROOT)
     if rc:
         sys.exit(f"train.py failed (rc {rc}):\n{tail(work / 'ours.log')}")
     rows = [json.loads(l) for l in open(work / "ours" / "metrics.jsonl")]
@@ -259,7 +237,7 @@ def main():
     for side in sides:
         res = work / f"{side}.json"
         cmd = [py, __file__, "--side", side, "--result", str(res)] + sys.argv[1:]
-        rc, wall, tree, hwm = run_measured(cmd, work / f"{side}.log")
+        rc, wall, tree, hwm = run_measured(cmd, work / f"{side}.log", cwd=ROOT)
         if rc == 0:
             trl = dict(json.loads(res.read_text()), wall_s=wall, peak_tree_gb=tree, peak_single_gb=hwm)
             break
