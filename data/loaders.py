@@ -61,6 +61,13 @@ Choices:
    of one call's arguments); a spec in neither (list inputs without fn_name, fn_name with inputs
    that are not lists, numbers as stdin) is refused, as a correct program would score 0 on it. The tiny sets stay a case of their own: data/prepare.py
    writes them already in the row schema, and --data_dir finds them beside the tiny model.
+10. Answers inside a worked solution: GSM8K's answer text ends with a line "#### 72"; the ground
+   truth is what follows the last "####", thousands separators out ("1,234" -> "1234"), and the
+   worked solution stays out of the row. MATH (hendrycks-math) has no answer column: the ground
+   truth is the last \\boxed{...} (or \\fbox{...}) of the solution, braces balanced, as the MATH
+   authors' own grader takes it (on MATH-500, where H4 ships both, it equals the "answer" column
+   on all 500 rows). A solution without one, or whose answer the math task refuses (a bare word:
+   reward.py choice 10), is dropped. MATH-500 is a subset of MATH's test split, never of its train.
 """
 import ast
 import functools
@@ -112,6 +119,39 @@ def _spec(tests) -> str | None:
 def _math(problem: str, answer: str, ident: str) -> Callable:
     """Plain math columns (AIME, MathArena); answers may be ints there, so everything goes to str."""
     return lambda r, i: (str(r.get(ident, i)), str(r[problem]).strip(), str(r[answer]).strip())
+
+
+def _gsm8k(r, i):
+    """GSM8K: the number after the answer's last "####", commas out; None if there is none."""
+    _, sep, final = r["answer"].rpartition("####")
+    return (str(i), r["question"].strip(), final.strip().replace(",", "")) if sep else None
+
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def _last_boxed(text: str) -> str | None:
+    """The inside of the last \\boxed{...} (or \\fbox{...}) with balanced braces, or None."""
+    found = None
+    for m in _BOXED.finditer(text):
+        depth = 0
+        for j in range(m.end() - 1, len(text)):
+            depth += (text[j] == "{") - (text[j] == "}")
+            if depth == 0:
+                found = text[m.end():j].strip()
+                break
+    return found
+
+
+def _hendrycks_math(r, i):
+    """MATH (choice 10): the answer is the solution's last boxed expression; rows without one, or
+    with one the math task refuses, are dropped."""
+    answer = _last_boxed(r["solution"])
+    try:
+        reward.get_task("math").check(answer)
+    except ValueError:
+        return None
+    return str(i), r["problem"].strip(), answer
 
 
 def _dapo(r, i):
@@ -174,10 +214,18 @@ HUB = {
                          "math", _dapo, dedup=True),
     "eurus-code": Hub("PRIME-RL/Eurus-2-RL-Data", "parquet",
                       {"train": "train.parquet", "validation": "validation.parquet"}, "code", _eurus),
+    # GSM8K ("main" config) and MATH (all seven subjects; its test split holds MATH-500): choice 10
+    "gsm8k": Hub("openai/gsm8k", "parquet",
+                 {"train": "main/train-*.parquet", "test": "main/test-*.parquet"}, "math", _gsm8k),
+    "hendrycks-math": Hub("EleutherAI/hendrycks_math", "parquet",
+                          {"train": "*/train-*.parquet", "test": "*/test-*.parquet"}, "math",
+                          _hendrycks_math),
     # math eval sets: problem + answer columns (the MathArena and H4 copies call their split "train")
     "aime24": Hub("HuggingFaceH4/aime_2024", "parquet", {"test": "data/train-*.parquet"}, "math",
                   _math("problem", "answer", "id")),
     "aime25": Hub("math-ai/aime25", "json", {"test": "test.jsonl"}, "math", _math("problem", "answer", "id")),
+    "math-500": Hub("HuggingFaceH4/MATH-500", "json", {"test": "test.jsonl"}, "math",
+                    _math("problem", "answer", "unique_id")),
     "brumo25": Hub("MathArena/brumo_2025", "parquet", {"test": "data/train-*.parquet"}, "math",
                    _math("problem", "answer", "problem_idx")),
     "smt25": Hub("MathArena/smt_2025", "parquet", {"test": "data/train-*.parquet"}, "math",

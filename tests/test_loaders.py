@@ -101,6 +101,91 @@ def test_math_eval_sets(tmp_path, name, relpath, raw):
         load_problems(name, "train", data_dir=str(tmp_path))
 
 
+GSM8K = [{"question": " Natalia sold clips to 48 friends in April, and half as many in May. How many in all? ",
+          "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72.\n#### 72"},
+         {"question": "A house costs $1,000 and rises 23.4% a year. What is it worth?",
+          "answer": "It is worth 1,000 + 234 = <<1000+234=1234>>1,234 dollars.\n#### 1,234"},
+         {"question": "No final line here.", "answer": "The worked answer lost its last line."}]
+
+
+def test_gsm8k_main_config_answer_after_hashes(tmp_path):
+    """openai/gsm8k, config main: the number after "####", thousands separators out; the worked
+    answer stays out of the row; a row without "####" is dropped; ids are row positions."""
+    write_parquet(tmp_path / "gsm8k" / "main" / "train-00000-of-00001.parquet", GSM8K)
+    write_parquet(tmp_path / "gsm8k" / "main" / "test-00000-of-00001.parquet", GSM8K[:1])
+    rows = load_problems("gsm8k", "train", data_dir=str(tmp_path))
+    assert rows == [{"id": "0", "task": "math", "problem": GSM8K[0]["question"].strip(), "ground_truth": "72",
+                     "source": "gsm8k"},
+                    {"id": "1", "task": "math", "problem": GSM8K[1]["question"], "ground_truth": "1234",
+                     "source": "gsm8k"}]
+    assert not any("<<" in v or "####" in v for r in rows for v in r.values())
+    [test] = load_problems("gsm8k", "test", data_dir=str(tmp_path))
+    assert test["ground_truth"] == "72" and test["problem"].startswith("Natalia")
+    with pytest.raises(ValueError, match=r"splits \['train', 'test'\]"):
+        load_problems("gsm8k", "validation", data_dir=str(tmp_path))
+
+
+MATH500 = [{"problem": "Convert the point $(0,3)$ to polar coordinates.",
+            "solution": "So $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}.$",
+            "answer": "\\left( 3, \\frac{\\pi}{2} \\right)", "subject": "Precalculus", "level": 2,
+            "unique_id": "test/precalculus/807.json"},
+           {"problem": "How many positive divisors does 196 have?", "solution": "There are $\\boxed{9}$.",
+            "answer": "9", "subject": "Number Theory", "level": 3, "unique_id": "test/number_theory/572.json"}]
+
+
+def test_math500_jsonl_answer_column(tmp_path):
+    write_jsonl(tmp_path / "math-500" / "test.jsonl", MATH500)
+    rows = load_problems("math-500", "test", data_dir=str(tmp_path))
+    assert [r["id"] for r in rows] == ["test/precalculus/807.json", "test/number_theory/572.json"]
+    assert [r["ground_truth"] for r in rows] == [MATH500[0]["answer"], "9"]
+    assert rows[1] == {"id": "test/number_theory/572.json", "task": "math", "source": "math-500",
+                       "problem": "How many positive divisors does 196 have?", "ground_truth": "9"}
+    with pytest.raises(ValueError, match="splits"):  # an eval set: no train split
+        load_problems("math-500", "train", data_dir=str(tmp_path))
+
+
+def hendrycks_row(problem, solution, kind="Algebra"):
+    return {"problem": problem, "level": "Level 3", "type": kind, "solution": solution}
+
+
+def test_hendrycks_math_last_boxed_balanced(tmp_path):
+    """EleutherAI/hendrycks_math: one folder per subject; the answer is the solution's last
+    \\boxed{...}, nested braces kept; rows without one, or with a bare word, are dropped."""
+    algebra = [hendrycks_row("Simplify.", "First $\\boxed{2}$, then $x = \\boxed{\\frac{1}{\\sqrt{2}}}$."),
+               hendrycks_row("No box.", "The answer is 5."),
+               hendrycks_row("Odd or even?", "It is $\\boxed{odd}$."),  # math-verify: o*d*d
+               hendrycks_row("Name her.", "So $\\boxed{\\text{Evelyn}}$ wins.")]
+    geometry = [hendrycks_row(" Area? ", "Area $= \\fbox{12\\pi}$", "Geometry")]
+    write_parquet(tmp_path / "hendrycks-math" / "algebra" / "train-00000-of-00001.parquet", algebra)
+    write_parquet(tmp_path / "hendrycks-math" / "geometry" / "train-00000-of-00001.parquet", geometry)
+    write_parquet(tmp_path / "hendrycks-math" / "geometry" / "test-00000-of-00001.parquet", geometry)
+    rows = load_problems("hendrycks-math", "train", data_dir=str(tmp_path))
+    assert [(r["id"], r["problem"], r["ground_truth"]) for r in rows] == [
+        ("0", "Simplify.", "\\frac{1}{\\sqrt{2}}"), ("3", "Name her.", "\\text{Evelyn}"),
+        ("4", "Area?", "12\\pi")]
+    assert {r["task"] for r in rows} == {"math"}
+    assert [r["ground_truth"] for r in load_problems("hendrycks-math", "test", data_dir=str(tmp_path))] == [
+        "12\\pi"]
+    assert loaders._last_boxed("\\boxed{a{b}c} and \\boxed{unclosed") == "a{b}c"
+
+
+@pytest.mark.parametrize("name, relpath, rows", [
+    ("gsm8k", "main/test-00000-of-00001.parquet", GSM8K[:1]),
+    ("math-500", "test.jsonl", [dict(MATH500[0], answer="72")]),
+    ("hendrycks-math", "algebra/test-00000-of-00001.parquet", [hendrycks_row("P.", "$\\boxed{72}$")]),
+])
+def test_new_math_sets_score_through_the_math_judge(tmp_path, name, relpath, rows):
+    """One row of each through reward.py's math task: a right boxed answer 1.0, a wrong one 0.0,
+    under the chat template the lora preset uses (the math instruction as one user turn)."""
+    import reward
+    (write_jsonl if relpath.endswith(".jsonl") else write_parquet)(tmp_path / name / relpath, rows)
+    [row] = load_problems(name, "test", data_dir=str(tmp_path))
+    assert row["task"] == "math" and row["ground_truth"] == "72"
+    assert reward.score("math", ["So \\boxed{72}.", "So \\boxed{71}."], [row["ground_truth"]] * 2) == [1.0, 0.0]
+    prompt = format_prompt(row, "chat", chat_tokenizer())
+    assert prompt == f"<|user|>{format_prompt(row, 'dapo')}<|end|><|assistant|>"
+
+
 # ----------------------------------------------------------------------------- code eval sets
 
 def apps_taco_rows():
@@ -190,6 +275,20 @@ def test_missing_set_hub_failure_becomes_file_not_found(tmp_path, monkeypatch):
         load_problems("taco", "test", data_dir=str(tmp_path))
 
 
+@pytest.mark.parametrize("name, repo, split, pattern", [
+    ("gsm8k", "openai/gsm8k", "train", "main/train-*.parquet"),
+    ("math-500", "HuggingFaceH4/MATH-500", "test", "test.jsonl"),
+    ("hendrycks-math", "EleutherAI/hendrycks_math", "train", "*/train-*.parquet"),
+])
+def test_missing_new_math_set_prints_its_fetch_command(tmp_path, monkeypatch, name, repo, split, pattern):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError) as e:
+        load_problems(name, split, data_dir=str(tmp_path))
+    msg = str(e.value)
+    assert f"hf download {repo} --repo-type dataset --include '{pattern}' --local-dir " in msg
+    assert f"{tmp_path.name}/{name}" in msg and "--data_dir" in msg and "hub not tried" in msg
+
+
 def test_local_folder_without_matching_files(tmp_path):
     (tmp_path / "aime25").mkdir()
     with pytest.raises(FileNotFoundError, match="test.jsonl"):
@@ -197,8 +296,8 @@ def test_local_folder_without_matching_files(tmp_path):
 
 
 def test_unknown_name_lists_accepted_names():
-    with pytest.raises(ValueError, match="dapo-math-17k.*apps"):
-        load_problems("gsm8k")
+    with pytest.raises(ValueError, match="dapo-math-17k.*gsm8k.*math-500.*apps"):
+        load_problems("gsm8k-platinum")
 
 
 # ----------------------------------------------------------------------------- templates
