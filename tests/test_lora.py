@@ -53,7 +53,7 @@ def test_only_the_adapters_train_and_vllm_samples_them(tiny, tmp_path):
         hf = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
         assert torch.equal(t, start[hf]), f"{hf} changed"
     # final/ is base + scale B A, merged; adapter/ loads with peft onto the base to the same weights
-    final, merged = load_params(out / "final"), {}
+    final = load_params(out / "final")
     model = AutoModelForCausalLM.from_pretrained(str(tiny / "model"), dtype=torch.float32)
     adapted = peft.PeftModel.from_pretrained(model, str(out / "adapter"))
     merged = dict(policy_weights(adapted))
@@ -61,9 +61,14 @@ def test_only_the_adapters_train_and_vllm_samples_them(tiny, tmp_path):
     assert config["r"] == 4 and config["lora_alpha"] == 8
     assert (out / "adapter" / "adapter_model.safetensors").stat().st_size < 1 << 20
     assert final.keys() <= merged.keys()
+    # and peft's own merge (merge_and_unload) of the same adapter gives the same weights
+    base = AutoModelForCausalLM.from_pretrained(str(tiny / "model"), dtype=torch.float32)
+    peft_merged = peft.PeftModel.from_pretrained(base, str(out / "adapter")).merge_and_unload()
+    peft_merged = peft_merged.state_dict()
     moved = 0
     for k, v in final.items():
         assert torch.equal(v, merged[k]), k
+        torch.testing.assert_close(v, peft_merged[k], rtol=1e-6, atol=1e-7, msg=k)
         moved += not torch.equal(v, start[k])
     assert moved >= 7, f"only {moved} tensors of final/ differ from the start model"
 

@@ -102,7 +102,11 @@ def test_a_second_run_in_the_same_folder_stops_at_start_and_keeps_the_log(tmp_pa
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"iter": 1}\n')
     log.write_text("the first run's log\n")
-    proc, _ = run(["bash", "run.sh", "kl", "atomic", "--seed=0", "--out_dir", str(out)], timeout=120)
+    # small flags: were the refusal gone, the run would end in seconds and fail the checks below
+    small = ["--iters", "1", "--prompts_per_iter", "8", "--prompts_per_update", "8", "--eval_k",
+             "1", "--max_new_tokens", "8", "--threads", "1"]
+    proc, _ = run(["bash", "run.sh", "kl", "atomic", "--seed=0", "--out_dir", str(out), *small],
+                  timeout=240)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text
     assert f"--out_dir {out} already holds a run" in text and "--resume" in text \
