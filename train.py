@@ -140,11 +140,12 @@ def setup(args):
     model, opt = acc.prepare(model, opt)
     sampler = PromptSampler(rows, args.train_mix, args.seed)
     acc.register_for_checkpointing(sampler)           # its position goes into every checkpoint
-    ref_model = None
+    ref_model = None   # --kl_coef's reference; under LoRA the policy with its adapters off
     if args.kl_coef > 0 and args.lora_rank and not args.ref_model:
-        ref_model = acc.unwrap_model(model)   # with its adapters off: no second copy (as TRL)
+        ref_model = acc.unwrap_model(model)                      # no second copy (as TRL)
     elif args.kl_coef > 0:
-        ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=model.dtype)
+        ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model,
+                                                   dtype=torch.float32)
         ref_model = acc.prepare_model(ref.eval().requires_grad_(False), evaluation_mode=True)
     longest = max(len(r["prompt_ids"]) for r in rows + eval_rows)
     engine = make_engine(args.model, backend=args.backend, policy=model, seed=args.seed + rank,
@@ -161,10 +162,9 @@ def setup(args):
 
 @dataclass
 class Samples:
-    """One iteration's samples on this rank, filled in step by step (tiny-grpo's Experience).
-    Per prompt: its row and position 0..P-1; per sample (groups of G consecutive): the rest.
-    `batch`: rollout.RolloutBatch (prompt and completion ids, vLLM log-probs, truncated, texts)."""
-    batch: object
+    """One iteration's samples on this rank, filled in step by step (tiny-grpo's Experience): per
+    prompt its row and position 0..P-1, per sample (G consecutive a group) the rest."""
+    batch: object           # rollout.RolloutBatch: ids, vLLM's log-probs, truncated, texts
     rows: list
     positions: list
     old_logp: list = None   # mu's log-probs per completion token (step 3)
