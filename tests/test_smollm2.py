@@ -187,3 +187,33 @@ def test_one_training_iteration_then_eval(model_dir, tmp_path):
     assert "Attempted to load weight" not in ev.stdout + ev.stderr, ev.stderr[-4000:]
     got = json.loads((tmp_path / "eval.json").read_text())["avg@2"]
     assert set(got) == {SPEC, "all"} and 0 <= got["all"] <= 100, got
+
+
+def test_lora_trains_the_adapters_and_vllm_samples_them(model_dir, tmp_path):
+    """SmolLM2 with LoRA (rank 16), two iterations, a float32 engine: iteration 2 samples from what
+    the weight sync sent after iteration 1's update (base + adapters, merged), and the trainer's
+    log-probs agree with the engine's to float32 noise; the base weights in the checkpoint are the
+    start model's, bitwise; final/ (merged) and adapter/ are written."""
+    from safetensors.torch import load_file
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    out = tmp_path / "lora"
+    proc = subprocess.run([sys.executable, "train.py", f"@{ROOT / 'configs' / 'smollm2_cpu.args'}",
+                           "--model", str(model_dir), "--train_data", SPEC, "--eval_data", "",
+                           "--iters", "2", "--prompts_per_iter", "2", "--group_size", "4",
+                           "--prompts_per_update", "2", "--max_new_tokens", "12", "--threads", "1",
+                           "--vllm_dtype", "float32", "--mixed_precision", "no", "--lora_rank",
+                           "16", "--lr", "1e-3", "--out_dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["updates"] == 1 and rows[1]["logp_gap_vllm"] < 1e-5, rows[1]["logp_gap_vllm"]
+    ckpt = load_file(str(out / "checkpoints" / "iter_000002" / "model.safetensors"))
+    start = load_file(str(model_dir / "model.safetensors"))
+    lora_b = [v for k, v in ckpt.items() if ".lora_B." in k]
+    assert lora_b and any(v.abs().max() > 0 for v in lora_b)
+    for name, t in ckpt.items():
+        if ".lora_" not in name:
+            hf = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert torch.equal(t, start[hf]), f"{hf} changed"
+    assert (out / "final" / "config.json").is_file() and (out / "adapter" / "adapter_config.json").is_file()
