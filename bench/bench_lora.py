@@ -52,6 +52,7 @@ except (OSError, StopIteration):
     pass
 for side, flags in sides.items():
     out = ROOT / args.work / f"{args.preset}-{side}-seed{args.seed}"
+    out.parent.mkdir(parents=True, exist_ok=True)
     cmd = common + flags + ["--out_dir", str(out), "--overwrite"]
     rc, wall, tree_gb, single_gb = run_measured(cmd, f"{out}.log", cwd=ROOT)
     if rc:
