@@ -235,19 +235,13 @@ def test_run_sh_refuses_unknown_cells(argv, bad, accepted):
 
 
 def test_train_refuses_bad_arguments_before_loading(tmp_path):
-    # --model points nowhere and --out_dir must stay uncreated: reaching model loading (or
-    # main()) would fail differently, so the message check below also proves the early exit.
-    # The runs go in parallel: each is only the imports (~5 s) and argument checks.
+    # Through train.py: --model points nowhere and --out_dir must stay uncreated: reaching model
+    # loading (or main()'s work) would fail differently, so the message check below also proves
+    # the early exit (argparse's own refusals, and one of the flag checks). The runs go in
+    # parallel: each is only the imports (~5 s) and argument checks.
     cases = [(["--divergence", "foo"], ["--divergence", "'foo'", "tv, chi2, kl, hellinger, js, alpha:A"]),
-             (["--divergence", "alpha:x"], ["--divergence", "'alpha:x'", "not a number", "alpha:A"]),
              (["--estimator", "foo"], ["--estimator", "'foo'", "'mc', 'atomic', 'binary'"]),
-             (["--delta", "-1"], ["delta", "-1"]),
-             (["--prompts_per_iter", "10", "--prompts_per_update", "4"], ["--prompts_per_iter=10", "--prompts_per_update=4", "multiple"]),
-             (["--overlong", "cut"], ["--overlong", "'cut'", "'off', 'mask', 'punish'"]),
-             (["--tis_cap", "0"], ["--tis_cap=0.0", "a positive number"]),
-             (["--tis_cap", "2", "--mu_source", "vllm"], ["--tis_cap=2.0", "unset with --mu_source vllm"]),
-             (["--max_new_tokens", "256"], ["--max_new_tokens=256", "fewer tokens than --max_model_len=256"]),
-             (["--group_size", "1"], ["--group_size=1", "2 or more"])]
+             (["--overlong", "cut"], ["--overlong", "'cut'", "'off', 'mask', 'punish'"])]
     procs = []
     for i, (flags, _) in enumerate(cases):
         out = tmp_path / f"out{i}"
@@ -261,6 +255,20 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
         for w in words:
             assert w in last, f"{flags}: {w!r} not in {last!r}"
         assert "no-such-model" not in text and not out.exists(), f"{flags} got past argument checks"
+    # the rest of the flag checks, in-process: train.parse_args is what main() calls first
+    import train
+    for flags, words in [(["--divergence", "alpha:x"], ["--divergence", "'alpha:x'", "not a number", "alpha:A"]),
+                         (["--delta", "-1"], ["delta", "-1"]),
+                         (["--prompts_per_iter", "10", "--prompts_per_update", "4"],
+                          ["--prompts_per_iter=10", "--prompts_per_update=4", "multiple"]),
+                         (["--tis_cap", "0"], ["--tis_cap=0.0", "a positive number"]),
+                         (["--tis_cap", "2", "--mu_source", "vllm"], ["--tis_cap=2.0", "unset with --mu_source vllm"]),
+                         (["--max_new_tokens", "256"], ["--max_new_tokens=256", "fewer tokens than --max_model_len=256"]),
+                         (["--group_size", "1"], ["--group_size=1", "2 or more"])]:
+        with pytest.raises(ValueError) as e:
+            train.parse_args(flags)
+        for w in words:
+            assert w in str(e.value), f"{flags}: {w!r} not in {e.value}"
 
 
 def test_train_refuses_bad_rows_at_load_time(tiny, tmp_path):
