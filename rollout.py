@@ -21,7 +21,7 @@ Choices (the vLLM 0.32 internals each rests on: infra/VLLM.md):
    and sleep mode (free the KV cache and offload the weights while training) are flags.
 6. vLLM's INFO log (its whole config, once per engine) is off unless VLLM_LOGGING_LEVEL is set.
 7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself (no second
-   copy, no sync; same sampling, same RolloutBatch): for machines without vLLM, the fast path.
+   copy, no sync; same sampling, same RolloutBatch): for machines without vLLM (vLLM is faster).
 """
 import inspect
 import logging

@@ -355,7 +355,7 @@ def main(argv=None):
         path, start, history = resume(args, acc, ckpt_dir)
         run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))   # from --model
         run.log(f"resumed from {path} (after iteration {start})")
-    metrics = MetricsLog(args, acc, run.sources, history)
+    metrics = MetricsLog(args, run, history)
     stop, scorer = StopRequest(acc.is_main_process), ThreadPoolExecutor(1)
     if args.eval_before and run.eval_rows and start == 0:
         evaluate(args, run, "eval_start.json")

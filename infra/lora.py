@@ -19,9 +19,8 @@ from peft.tuners.lora import LoraLayer
 
 
 def add_adapters(model, args):
-    """The policy with fresh LoRA adapters (B = 0: the start policy is the base model's)."""
-    if args.lora_rank < 0:
-        raise ValueError(f"--lora_rank={args.lora_rank}; accepted: 0 (off) or a positive rank")
+    """The policy with fresh LoRA adapters (B = 0: the start policy is the base model's); the
+    rank, alpha and dropout were checked with the other flags (infra/flags.py)."""
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                      if isinstance(m, torch.nn.Linear)})
     targets = "all-linear" if args.lora_target_modules == "all-linear" else \

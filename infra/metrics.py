@@ -73,9 +73,11 @@ class UpdateLog:
 class MetricsLog:
     """The run's metrics: one row per iteration into metrics.jsonl, wandb and the console."""
 
-    def __init__(self, args, acc, sources, history):
-        self.args, self.acc, self.sources, self.history = args, acc, sources, history
-        self.log = (lambda *a: print(*a, flush=True)) if acc.is_main_process else (lambda *a: None)
+    def __init__(self, args, run, history):
+        """run: train.setup's namespace (its acc, the data sets' names, its main-process log)."""
+        acc = run.acc
+        self.args, self.acc, self.sources, self.history = args, acc, run.sources, history
+        self.log = run.log
         self.path = os.path.join(args.out_dir, "metrics.jsonl")
         if acc.is_main_process:   # rewritten, not appended blindly: a crash may have logged
             with open(self.path + ".tmp", "w") as f:   # iterations past the resumed checkpoint
