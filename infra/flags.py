@@ -16,13 +16,14 @@ import re
 import torch
 
 import gppo
+from data.probes import PROBES
 
 # Flags that do not change what a run computes: --resume may continue with other values. --iters
 # extends a run; the eval_* flags score held-out sets with seeded sampling calls that leave the
 # training's random streams as they were (the next rollout reseeds); the rest are files and speed.
 RUN_NEUTRAL = {"iters", "eval_data", "eval_k", "eval_before", "eval_every", "out_dir", "overwrite",
                "ckpt_every", "keep_last", "resume", "resume_with_changes", "save_rollouts",
-               "threads", "sample_every", "wandb"}
+               "threads", "sample_every", "wandb", "answer_probe", "probe_every"}
 
 
 def add_run_flags(p):
@@ -51,6 +52,10 @@ def add_run_flags(p):
     g.add_argument("--eval_every", type=int, default=0, help="also score --eval_data every N "
                    "iterations, into that row (eval_avg@k) and eval_iter_N.json; 0 = at the end")
     g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
+    g.add_argument("--answer_probe", default="", choices=("", *PROBES),
+                   help="log answer_prob: the held-out probability of each rule's one-token "
+                   "answer, per kind of problem (data/probes.py; letters: tiny-rare-math)")
+    g.add_argument("--probe_every", type=int, default=1, help="--answer_probe every N iterations")
     g = p.add_argument_group("LoRA through peft (infra/lora.py; README \"LoRA on one GPU\")")
     g.add_argument("--lora_rank", type=int, default=0, help="adapter rank; 0 = full fine-tune")
     g.add_argument("--lora_alpha", type=float, default=None, help="LoRA scale alpha/rank "
@@ -110,6 +115,10 @@ def check(args):
             f"fewer tokens than --max_model_len={args.max_model_len} (the prompt needs room)")
     if args.overlong_buffer >= args.max_new_tokens:
         bad(args, "overlong_buffer", f"fewer tokens than --max_new_tokens={args.max_new_tokens}")
+    if args.probe_every < 1:
+        bad(args, "probe_every", "an integer >= 1")
+    if args.answer_probe and not args.eval_data:
+        bad(args, "answer_probe", "a probe with --eval_data set (it reads the held-out problems)")
     for flag in ("ckpt_every", "eval_every"):
         if getattr(args, flag) < 0:
             bad(args, flag, "an integer >= 0")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import gppo
+from data.probes import ProbeRun
 
 
 class Stopwatch:
@@ -77,7 +78,9 @@ class MetricsLog:
         """run: train.setup's namespace (its acc, the data sets' names, its main-process log)."""
         acc = run.acc
         self.args, self.acc, self.sources, self.history = args, acc, run.sources, history
-        self.log = run.log
+        self.log, self.model = run.log, run.model
+        self.probe = ProbeRun(args.answer_probe, run.eval_rows, run.tok, run.pad_id) \
+            if args.answer_probe else None   # checked here, before the first iteration
         self.path = os.path.join(args.out_dir, "metrics.jsonl")
         if acc.is_main_process:   # rewritten, not appended blindly: a crash may have logged
             with open(self.path + ".tmp", "w") as f:   # iterations past the resumed checkpoint
@@ -131,6 +134,11 @@ class MetricsLog:
             kl_k3_max=max(upd.kls, default=0.0), updates=len(upd.norms),
             grad_norm=float(np.mean(upd.norms)) if upd.norms else 0.0, **times)
         row["tokens_per_s"] = t["len"] / row["time_iter_s"]
+        if self.probe and it % args.probe_every == 0:   # the weights after this update
+            t0 = time.time()
+            row["answer_prob"] = self.probe.measure(self.model, self.acc, args.micro_batch_size,
+                                                    args.head_precision)
+            row["time_probe_s"] = time.time() - t0
         return row
 
     def write(self, row, samples):
