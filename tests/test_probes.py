@@ -1,0 +1,121 @@
+"""data/probes.py: --answer_probe reads the policy's probability of each rule's one-token answer.
+
+1. The probe's numbers equal a plain forward pass by hand (softmax at the last position).
+2. Bad input is refused at load: a row of another task, an answer that is not one token, the flag
+   without held-out data, --probe_every 0.
+3. A run with the probe trains exactly as one without it (metrics rows equal but for the timers),
+   and logs answer_prob at the iterations --probe_every names.
+"""
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ENV, PY, ROOT, metrics, ok
+
+from data.loaders import load_rows
+from data.probes import PROBES, AnswerProbe, ProbeRun
+
+RARE = ROOT / "data" / "tiny_rare"
+CPU = SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def rare():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(RARE / "model")
+    model = AutoModelForCausalLM.from_pretrained(RARE / "model", dtype=torch.float32)
+    rows = load_rows("tiny-rare-math", "test", str(RARE), "plain", tok)[:40]
+    return SimpleNamespace(tok=tok, model=model, rows=rows)
+
+
+def test_probe_equals_a_forward_pass_by_hand(rare):
+    probe = ProbeRun("letters", rare.rows, rare.tok, rare.tok.pad_token_id)
+    got = probe.measure(rare.model, CPU, micro_batch_size=7)   # 7: batches mix lengths
+    prefix = rare.tok("\\boxed{", add_special_tokens=False)["input_ids"]
+    sums = {}
+    with torch.no_grad():
+        for row in rare.rows:
+            ids = torch.tensor([row["prompt_ids"] + prefix])
+            p = rare.model(input_ids=ids).logits[0, -1].softmax(-1)
+            kind = row["problem"][:3]
+            letters = sorted(row["problem"][4:11].split(", "))
+            for rule, letter in (("right", row["ground_truth"]), ("smallest", letters[0]),
+                                 ("middle", letters[1]), ("largest", letters[2])):
+                sums.setdefault(kind, {}).setdefault(rule, []).append(
+                    p[rare.tok.convert_tokens_to_ids(letter)].item())
+    assert got.keys() == sums.keys() == {"max", "min"}
+    for kind, rules in sums.items():
+        assert got[kind].keys() == rules.keys()
+        for rule, ps in rules.items():
+            assert abs(got[kind][rule] - sum(ps) / len(ps)) < 1e-6, (kind, rule)
+    # the right answer is the largest letter on max problems, the smallest on min problems
+    assert got["max"]["right"] == got["max"]["largest"]
+    assert got["min"]["right"] == got["min"]["smallest"]
+    # the warm start says the right letter rarely and the two others often (the confused
+    # demonstrator of data/prepare.py --variant rare): mean mu 0.039 on all 200 held-out problems
+    for kind in got:
+        right = got[kind]["right"]
+        others = [v for r, v in got[kind].items() if r != "right" and v != right]
+        assert right < 0.1 and min(others) > 3 * right, got
+
+
+def test_probe_refuses_rows_and_answers_it_cannot_read(rare):
+    row = dict(rare.rows[0], id="x-1", problem="max(1, 2, 3) = ?\n")
+    with pytest.raises(ValueError, match=r"x-1.*'max\(a, b, c\) = \?'"):
+        ProbeRun("letters", [row], rare.tok, 0)
+    two_tokens = AnswerProbe(prefix="\\boxed{", kind=lambda r: "all",
+                             rules=lambda r: {"right": r["ground_truth"] + "}"})
+    with pytest.raises(ValueError, match="right answer 'b}' is not one token after"):
+        two_tokens.tokens([dict(rare.rows[0], ground_truth="b")], rare.tok)
+    import train
+    with pytest.raises(ValueError, match="--answer_probe='letters'.*--eval_data"):
+        train.parse_args(["--answer_probe", "letters", "--eval_data", ""])
+    with pytest.raises(ValueError, match="--probe_every=0"):
+        train.parse_args(["--probe_every", "0"])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--answer_probe", "nope"])
+    assert set(PROBES) == {"letters"}
+
+
+def test_a_run_with_the_probe_trains_as_one_without(tmp_path):
+    base = [PY, "train.py", "--model", str(RARE / "model"), "--data_dir", str(RARE),
+            "--train_data", "tiny-rare-math", "--eval_data", "tiny-rare-math", "--backend", "hf",
+            "--iters", "3", "--prompts_per_iter", "8", "--prompts_per_update", "4",
+            "--max_new_tokens", "12", "--eval_k", "1", "--target_kl", "0", "--threads", "1"]
+    runs = {"plain": [], "probe": ["--answer_probe", "letters", "--probe_every", "2"]}
+    procs = {name: subprocess.Popen(base + ["--out_dir", str(tmp_path / name)] + extra, cwd=ROOT,
+                                    env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+             for name, extra in runs.items()}
+    for name, proc in procs.items():
+        text, _ = proc.communicate(timeout=300)
+        ok(SimpleNamespace(returncode=proc.returncode, stdout=text, stderr=""))
+    plain, probed = metrics(tmp_path / "plain"), metrics(tmp_path / "probe")
+    assert ["answer_prob" in r for r in probed] == [False, True, False]
+    for a, b in zip(plain, probed):
+        b = {k: v for k, v in b.items() if k not in ("answer_prob", "time_probe_s")}
+        assert a.keys() == b.keys()
+        for k in a:
+            if not (k.startswith("time_") or k == "tokens_per_s"):
+                assert a[k] == b[k], k
+    probs = probed[1]["answer_prob"]
+    assert set(probs) == {"max", "min"} and all(0 < p < 1 for d in probs.values()
+                                                for p in d.values())
+
+
+def test_shortcut_study_classifies_by_the_rule_above_half_on_both_kinds():
+    from bench.rare_shortcut import first_pass, rule_of
+
+    def probs(max_right, max_smallest, min_right, min_largest):
+        return {"max": {"right": max_right, "largest": max_right, "smallest": max_smallest,
+                        "middle": 0.0},
+                "min": {"right": min_right, "smallest": min_right, "largest": min_largest,
+                        "middle": 0.0}}
+    assert rule_of(probs(0.9, 0.05, 0.8, 0.1)) == "right"
+    assert rule_of(probs(0.97, 0.01, 0.002, 0.967)) == "largest-letter"   # issue 35's seed-2 run
+    assert rule_of(probs(0.1, 0.8, 0.9, 0.05)) == "smallest-letter"
+    assert rule_of(probs(0.9, 0.05, 0.45, 0.45)) == "other"               # min half undecided
+    hist = [{"iter": 1, "answer_prob": probs(0.3, 0.3, 0.3, 0.3)}, {"iter": 2},
+            {"iter": 3, "answer_prob": probs(0.6, 0.2, 0.2, 0.51)}]
+    assert first_pass(hist, "min", "largest") == 3 and first_pass(hist, "min", "right") is None
