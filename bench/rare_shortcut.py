@@ -49,11 +49,14 @@ LABEL = {"tv-mc": "tv-mc (GRPO)", "kl-mc": "kl-mc (DAPO)", "kl-atomic": "kl-atom
 def warm_start_probe():
     """The probe on the warm start (iteration 0 of every run)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.logging import disable_progress_bar
     from data.loaders import load_rows
     from data.probes import ProbeRun
     folder = ROOT / "data" / "tiny_rare"
+    disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(folder / "model")
     model = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
     rows = load_rows("tiny-rare-math", "test", str(folder), "plain", tok)
@@ -91,6 +94,8 @@ def read_runs(folder):
             right_max=first_pass(hist, "max", "right"), right_min=first_pass(hist, "min", "right"),
             largest_on_min=first_pass(hist, "min", "largest"),
             smallest_on_max=first_pass(hist, "max", "smallest"),
+            lowest_right={kind: min((r["answer_prob"][kind]["right"], r["iter"]) for r in probed)
+                          for kind in ("max", "min")},
             curve=[(r["iter"], r["answer_prob"]) for r in probed]))
     return runs
 
@@ -103,8 +108,9 @@ def classes_table(regime, runs):
     lines = [f"### {regime}: the rule each run's final policy follows\n",
              "| cell | seed | final avg@8 | rule (choice 1) | p(right) max / min problems | "
              "p(largest) on min | p(smallest) on max | right > 0.5: max / min at iter | "
-             "largest > 0.5 on min at iter | smallest > 0.5 on max at iter |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "largest > 0.5 on min at iter | smallest > 0.5 on max at iter | lowest p(right) on min "
+             "(at iter) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: (ORDER.index(r["name"]) if r["name"] in ORDER else 99,
                                          r["seed"])):
         f = r["final"]
@@ -112,14 +118,28 @@ def classes_table(regime, runs):
                      f"**{r['rule']}** | {f['max']['right']:.3f} / {f['min']['right']:.3f} | "
                      f"{f['min']['largest']:.3f} | {f['max']['smallest']:.3f} | "
                      f"{_it(r['right_max'])} / {_it(r['right_min'])} | {_it(r['largest_on_min'])} | "
-                     f"{_it(r['smallest_on_max'])} |")
-    lines += ["", "| cell | runs | right | largest-letter | smallest-letter | middle-letter | other |",
-              "|---|---|---|---|---|---|---|"]
+                     f"{_it(r['smallest_on_max'])} | {r['lowest_right']['min'][0]:.4f} "
+                     f"({r['lowest_right']['min'][1]}) |")
+    lines += ["", "| cell | runs | right | largest-letter | smallest-letter | middle-letter | other | "
+              "right > 0.5 on max problems at iter, median (min-max) | lowest p(right) on min "
+              "problems, median (min-max) |", "|---|---|---|---|---|---|---|---|---|"]
     for name in [n for n in ORDER if any(r["name"] == n for r in runs)]:
-        mine = [r["rule"] for r in runs if r["name"] == name]
-        counts = [sum(x == c for x in mine) for c in ("right", "largest-letter", "smallest-letter",
-                                                      "middle-letter", "other")]
-        lines.append(f"| {LABEL[name]} | {len(mine)} | " + " | ".join(map(str, counts)) + " |")
+        mine = [r for r in runs if r["name"] == name]
+        counts = [sum(r["rule"] == c for r in mine) for c in ("right", "largest-letter",
+                                                              "smallest-letter", "middle-letter",
+                                                              "other")]
+        learnt = [r["right_max"] if r["right_max"] is not None else r["iters"] + 1 for r in mine]
+        low = [r["lowest_right"]["min"][0] for r in mine]
+        lines.append(f"| {LABEL[name]} | {len(mine)} | " + " | ".join(map(str, counts)) +
+                     f" | {statistics.median(learnt):g} ({min(learnt)}-{max(learnt)}) | "
+                     f"{statistics.median(low):.4f} ({min(low):.4f}-{max(low):.4f}) |")
+    lines += ["", "| p(right) > 0.5 on max problems at iteration | runs (all cells) | right | "
+              "not right (their cells and seeds) |", "|---|---|---|---|"]
+    for it in sorted({r["right_max"] or r["iters"] + 1 for r in runs}):
+        mine = [r for r in runs if (r["right_max"] or r["iters"] + 1) == it]
+        bad = [f"{r['name']} s{r['seed']} ({r['rule']})" for r in mine if r["rule"] != "right"]
+        lines.append(f"| {it} | {len(mine)} | {sum(r['rule'] == 'right' for r in mine)} | "
+                     f"{', '.join(bad) or '-'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -130,8 +150,9 @@ def _ci(d):
     return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}]" if lo is not None else f"{m:+.1f} (n=1)"
 
 
-def regime_rows(runs, pairs=(("kl-mc", "tv-mc"), ("kl-atomic", "tv-mc"), ("kl-atomic", "kl-mc"))):
-    """Per cell: n, stalls, final avg@8 mean and t interval; then the paired differences."""
+def regime_rows(runs):
+    """Per cell: n, stalls, final avg@8 mean and t interval; then the paired differences of every
+    cell against tv-mc, and of kl-atomic against kl-mc (the estimator alone)."""
     by = {}
     for r in runs:
         by.setdefault(r["name"], {})[r["seed"]] = r
@@ -144,6 +165,7 @@ def regime_rows(runs, pairs=(("kl-mc", "tv-mc"), ("kl-atomic", "tv-mc"), ("kl-at
                            rules={s: r["rule"] for s, r in sorted(seeds.items())},
                            avg_mean=m, avg_lo=lo, avg_hi=hi,
                            avg=dict(sorted((s, r["avg"]) for s, r in seeds.items())))
+    pairs = [(n, "tv-mc") for n in ORDER if n in by and n != "tv-mc"] + [("kl-atomic", "kl-mc")]
     diffs = {}
     for a, b in pairs:
         if a in by and b in by:
@@ -151,7 +173,10 @@ def regime_rows(runs, pairs=(("kl-mc", "tv-mc"), ("kl-atomic", "tv-mc"), ("kl-at
             vb = {s: r["avg"] for s, r in by[b].items()}
             sa = {s: 100.0 * (r["rule"] != "right") for s, r in by[a].items()}   # stall, in %
             sb = {s: 100.0 * (r["rule"] != "right") for s, r in by[b].items()}
+            la = {s: r["right_max"] or r["iters"] + 1 for s, r in by[a].items()}   # max half
+            lb = {s: r["right_max"] or r["iters"] + 1 for s, r in by[b].items()}   # learnt at
             diffs[f"{a} - {b}"] = dict(avg=paired(va, vb), stall=paired(sa, sb),
+                                       max_learnt=paired(la, lb),
                                        per_seed={s: va[s] - vb[s] for s in sorted(va.keys() & vb.keys())})
     return cells, diffs
 
@@ -160,17 +185,18 @@ def regimes_table(regimes):
     lines = ["| regime | cell | seeds | stalled runs (rule != right) | final avg@8, mean [95% t] | per seed |",
              "|---|---|---|---|---|---|"]
     for regime, (cells, _) in regimes.items():
-        for name in [n for n in ORDER if n in cells and n in ("tv-mc", "kl-mc", "kl-atomic")]:
+        for name in [n for n in ORDER if n in cells]:
             c = cells[name]
             lines.append(f"| {regime} | {LABEL[name]} | {c['n']} | {c['stalls']} of {c['n']} | "
                          f"{c['avg_mean']:.1f} [{c['avg_lo']:.1f}, {c['avg_hi']:.1f}] | "
                          + ", ".join(f"{v:.1f}" for v in c["avg"].values()) + " |")
     lines += ["", "| regime | paired difference | n | final avg@8, mean [95% t] | stall rate "
-              "(%-points), mean [95% t] | per seed (avg@8) |", "|---|---|---|---|---|---|"]
+              "(%-points), mean [95% t] | iteration p(right) > 0.5 on max problems, mean [95% t] | "
+              "per seed (avg@8) |", "|---|---|---|---|---|---|---|"]
     for regime, (_, diffs) in regimes.items():
         for pair, d in diffs.items():
             lines.append(f"| {regime} | {pair} | {d['avg'][0]} | {_ci(d['avg'])} | "
-                         f"{_ci(d['stall'])} | "
+                         f"{_ci(d['stall'])} | {_ci(d['max_learnt'])} | "
                          + ", ".join(f"{v:+.1f}" for v in d["per_seed"].values()) + " |")
     return "\n".join(lines) + "\n"
 
@@ -213,7 +239,7 @@ def plot(regimes_runs, start, path, cells=None):
             ax.grid(alpha=0.3)
     order = [n for n in ORDER if n in handles]
     fig.legend([handles[n] for n in order], [LABEL[n] for n in order], loc="lower center",
-               ncol=len(order), fontsize=8, frameon=False)
+               ncol=max(1, len(order)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04 / len(rows), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
