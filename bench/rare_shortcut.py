@@ -13,7 +13,8 @@ Which rule does each rare-task run learn, and when? Reads sweeps run with `--ans
 Writes into --out: classes.md and classes.json (every run of every regime: the rule its final
 policy follows, when the shortcut took hold), regimes.md (per regime: stall rate, final avg@8 and
 the paired differences with 95% intervals), shortcut.png (the first regime's probabilities
-against iteration), regimes.png (the same for every regime, tv-mc / kl-mc / kl-atomic).
+against iteration: mc cells in one row, the others in the next), regimes.png (one row per regime,
+tv-mc / kl-mc / kl-atomic).
 
 Choices:
 1. A problem's answer is one letter after `\\boxed{`, so the probe's mean probability of a rule's
@@ -44,6 +45,8 @@ SHORTCUT_ON = {"largest": "min", "smallest": "max"}   # a shortcut and the kind 
 ORDER = ("tv-mc", "kl-mc", "kl-atomic", "tv-binary", "chi2-atomic", "dgpo")
 LABEL = {"tv-mc": "tv-mc (GRPO)", "kl-mc": "kl-mc (DAPO)", "kl-atomic": "kl-atomic",
          "tv-binary": "tv-binary (DPPO)", "chi2-atomic": "chi2-atomic (RIPO)", "dgpo": "DGPO"}
+COLOR = {"tv-mc": "black", "kl-mc": "tab:blue", "kl-atomic": "tab:orange", "tv-binary": "tab:red",
+         "chi2-atomic": "tab:purple", "dgpo": "tab:green"}
 
 
 def warm_start_probe():
@@ -210,28 +213,28 @@ def band(runs, name, kind, rule, start):
     return iters, [statistics.median(v) for v in vals], [min(v) for v in vals], [max(v) for v in vals]
 
 
-def plot(regimes_runs, start, path, cells=None):
-    """Rows: regimes; per regime two panels, max and min problems: the right letter (solid) and the
-    shortcut that is wrong on that kind (dashed), median over seeds and min-max band per cell."""
+def plot(rows, start, path):
+    """One row of two panels per (title, runs, cells): max and min problems, the right letter
+    (solid) and the shortcut that is wrong on that kind (dashed), median over seeds and min-max
+    band per cell."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = list(regimes_runs.items())
     fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.9 * len(rows)), squeeze=False)
     handles = {}
-    for (regime, runs), pair in zip(rows, axes):
-        names = [n for n in ORDER if any(r["name"] == n for r in runs) and (not cells or n in cells)]
+    for (title, runs, cells), pair in zip(rows, axes):
+        names = [n for n in ORDER if n in cells and any(r["name"] == n for r in runs)]
         for ax, kind, wrong in ((pair[0], "max", "smallest"), (pair[1], "min", "largest")):
-            for i, n in enumerate(names):
-                color = "black" if n == "tv-mc" else f"C{i}"
+            for n in names:
+                color = COLOR[n]
                 for rule, style in (("right", "-"), (wrong, "--")):
                     it, med, lo, hi = band(runs, n, kind, rule, start)
                     ax.fill_between(it, lo, hi, color=color, alpha=0.10, lw=0)
                     (h,) = ax.plot(it, med, style, color=color, lw=1.4)
                     if rule == "right":
                         handles[n] = h
-            ax.set_title(f"{regime}: {kind} problems — right letter (solid), the {wrong} letter "
-                         f"(dashed)\nmedian over seeds, band min-max", fontsize=9)
+            ax.set_title(f"{title}\n{kind} problems: right letter (solid), {wrong} letter "
+                         "(dashed)", fontsize=9)
             ax.set_xlabel("iteration")
             ax.set_ylabel("mean probability (held-out)")
             ax.set_ylim(0, 1)
@@ -239,8 +242,9 @@ def plot(regimes_runs, start, path, cells=None):
             ax.grid(alpha=0.3)
     order = [n for n in ORDER if n in handles]
     fig.legend([handles[n] for n in order], [LABEL[n] for n in order], loc="lower center",
+               title="median over seeds, band min-max", title_fontsize=8,
                ncol=max(1, len(order)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.04 / len(rows), 1, 1))
+    fig.tight_layout(rect=(0, 0.07 / len(rows), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -277,8 +281,12 @@ def main():
                                                  for r in runs],
                                            cells=stats[n][0], differences=stats[n][1])
                                    for n, runs in regimes.items()}))
-    plot({first: regimes[first]}, start, os.path.join(args.out, "shortcut.png"))
-    plot(regimes, start, os.path.join(args.out, "regimes.png"), cells=("tv-mc", "kl-mc", "kl-atomic"))
+    mc, loose = ("tv-mc", "kl-mc"), ("kl-atomic", "tv-binary", "chi2-atomic", "dgpo")
+    plot([(f"{first}, mc cells", regimes[first], mc),
+          (f"{first}, atomic/binary cells and DGPO", regimes[first], loose)],
+         start, os.path.join(args.out, "shortcut.png"))
+    plot([(n, runs, ("tv-mc", "kl-mc", "kl-atomic")) for n, runs in regimes.items()], start,
+         os.path.join(args.out, "regimes.png"))
     print(text + classes_table(first, regimes[first]) + "\n" + regimes_table(stats))
 
 

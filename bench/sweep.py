@@ -854,6 +854,17 @@ def warm_start(settings, out):
 
 
 # ----------------------------------------------------------------------------------------------
+def draw_regions(out):
+    """regions.txt (`python gppo.py`: the regions as a table at a few mu) and regions.png
+    (bench/plot_regions.py: every cell's region against mu), once per sweep folder."""
+    regions = os.path.join(out, "regions.png")
+    if not os.path.exists(regions):
+        with open(os.path.join(out, "regions.txt"), "w") as f:
+            subprocess.run([sys.executable, "gppo.py"], cwd=ROOT, stdout=f, check=True)
+        subprocess.run([sys.executable, "bench/plot_regions.py", "--out", os.path.abspath(regions)],
+                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
 def report(out, settings, threads, jobs, invocations, task="default"):
     """Tables, figures and sweep.json from every finished run in `out`; returns table.md's text."""
     all_names = [n for n, _ in methods()]
@@ -900,10 +911,7 @@ def report(out, settings, threads, jobs, invocations, task="default"):
                    "the training batches' response tokens: the clipped share of the bucket's tokens in % (pooled "
                    "over iterations, mean over seeds) and, in brackets, the bucket's share of all response tokens "
                    "in % (mean over iterations and seeds).\n\n" + format_clip_by_mu(by_mu))
-    regions = os.path.join(out, "regions.png")
-    if not os.path.exists(regions):
-        with open(os.path.join(out, "regions.txt"), "w") as f:
-            subprocess.run([sys.executable, "gppo.py", "--out", regions], cwd=ROOT, stdout=f, check=True)
+    draw_regions(out)
     mach = machine(threads, jobs)
     # the threads the finished runs really had (they may come from several invocations)
     used = sorted({r["threads"] or mach["default_threads"] for r in results}) or [mach["torch_threads"]]

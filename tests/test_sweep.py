@@ -542,3 +542,11 @@ def test_report_of_a_finished_rare_sweep(tmp_path):
     assert sorted(os.listdir(pub)) == ["answer_prob.png", "clip_by_mu.png", "dynamics.png", "regions.png",
                                        "sweep.json", "table.md"]
     assert (pub / "answer_prob.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_regions_are_drawn_by_the_tools_that_draw_them(tmp_path):
+    # the report's regions.txt and regions.png come from `python gppo.py` and bench/plot_regions.py
+    # (the report tests pre-create regions.png; here the real commands run)
+    sweep.draw_regions(str(tmp_path))
+    assert "kl" in (tmp_path / "regions.txt").read_text()
+    assert (tmp_path / "regions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
