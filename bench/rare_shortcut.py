@@ -97,6 +97,7 @@ def read_runs(folder):
             right_max=first_pass(hist, "max", "right"), right_min=first_pass(hist, "min", "right"),
             largest_on_min=first_pass(hist, "min", "largest"),
             smallest_on_max=first_pass(hist, "max", "smallest"),
+            cut=sum(r["updates"] < max(h["updates"] for h in hist) for r in hist),   # target_kl
             lowest_right={kind: min((r["answer_prob"][kind]["right"], r["iter"]) for r in probed)
                           for kind in ("max", "min")},
             curve=[(r["iter"], r["answer_prob"]) for r in probed]))
@@ -167,6 +168,7 @@ def regime_rows(runs):
         cells[name] = dict(n=len(avg), stalls=sum(r["rule"] != "right" for r in seeds.values()),
                            rules={s: r["rule"] for s, r in sorted(seeds.items())},
                            avg_mean=m, avg_lo=lo, avg_hi=hi,
+                           cut=statistics.mean(r["cut"] for r in seeds.values()),
                            avg=dict(sorted((s, r["avg"]) for s, r in seeds.items())))
     pairs = [(n, "tv-mc") for n in ORDER if n in by and n != "tv-mc"] + [("kl-atomic", "kl-mc")]
     diffs = {}
@@ -185,14 +187,15 @@ def regime_rows(runs):
 
 
 def regimes_table(regimes):
-    lines = ["| regime | cell | seeds | stalled runs (rule != right) | final avg@8, mean [95% t] | per seed |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| regime | cell | seeds | stalled runs (rule != right) | final avg@8, mean [95% t] | "
+             "per seed | iterations cut short by --target_kl, mean per run |",
+             "|---|---|---|---|---|---|---|"]
     for regime, (cells, _) in regimes.items():
         for name in [n for n in ORDER if n in cells]:
             c = cells[name]
             lines.append(f"| {regime} | {LABEL[name]} | {c['n']} | {c['stalls']} of {c['n']} | "
                          f"{c['avg_mean']:.1f} [{c['avg_lo']:.1f}, {c['avg_hi']:.1f}] | "
-                         + ", ".join(f"{v:.1f}" for v in c["avg"].values()) + " |")
+                         + ", ".join(f"{v:.1f}" for v in c["avg"].values()) + f" | {c['cut']:.1f} |")
     lines += ["", "| regime | paired difference | n | final avg@8, mean [95% t] | stall rate "
               "(%-points), mean [95% t] | iteration p(right) > 0.5 on max problems, mean [95% t] | "
               "per seed (avg@8) |", "|---|---|---|---|---|---|---|"]
