@@ -194,7 +194,8 @@ def regimes_table(regimes):
         for name in [n for n in ORDER if n in cells]:
             c = cells[name]
             lines.append(f"| {regime} | {LABEL[name]} | {c['n']} | {c['stalls']} of {c['n']} | "
-                         f"{c['avg_mean']:.1f} [{c['avg_lo']:.1f}, {c['avg_hi']:.1f}] | "
+                         + (f"{c['avg_mean']:.1f} [{c['avg_lo']:.1f}, {c['avg_hi']:.1f}]"
+                            if c["avg_lo"] is not None else f"{c['avg_mean']:.1f} (n=1)") + " | "
                          + ", ".join(f"{v:.1f}" for v in c["avg"].values()) + f" | {c['cut']:.1f} |")
     lines += ["", "| regime | paired difference | n | final avg@8, mean [95% t] | stall rate "
               "(%-points), mean [95% t] | iteration p(right) > 0.5 on max problems, mean [95% t] | "
