@@ -22,11 +22,12 @@ Choices:
 """
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
-from infra.logprobs import token_logprobs
+from infra.logprobs import collate, token_logprobs
 
 
 @dataclass
@@ -56,25 +57,26 @@ class AnswerProbe:
 LETTERS_PROBLEM = re.compile(r"^(max|min)\(([a-z]), ([a-z]), ([a-z])\) = \?")
 
 
-def _letters_kind(row):
+def _letters(row):
+    """(kind, first, second, third letter) of a "max(a, b, c) = ?" / "min(a, b, c) = ?" row."""
     m = LETTERS_PROBLEM.match(row["problem"])
     if not m:
         raise ValueError(f"--answer_probe letters: {row['id']} ({row['problem']!r}) is not "
                          "'max(a, b, c) = ?' or 'min(a, b, c) = ?'; accepted: tiny-rare-math rows")
-    return m.group(1)
+    return m.groups()
 
 
 def _letters_rules(row):
     """The right answer and the three rules a policy may have learnt instead: always the largest,
     the smallest, or the middle letter of the problem, whatever the operator says."""
-    _letters_kind(row)
-    smallest, middle, largest = sorted(LETTERS_PROBLEM.match(row["problem"]).groups()[1:])
+    smallest, middle, largest = sorted(_letters(row)[1:])
     return {"right": row["ground_truth"], "largest": largest, "smallest": smallest,
             "middle": middle}
 
 
 # tiny-rare-math (data/prepare.py --variant rare): max/min of three letters, answered `\boxed{x}`
-PROBES = {"letters": AnswerProbe(prefix="\\boxed{", kind=_letters_kind, rules=_letters_rules)}
+PROBES = {"letters": AnswerProbe(prefix="\\boxed{", kind=lambda row: _letters(row)[0],
+                                     rules=_letters_rules)}
 
 
 class ProbeRun:
@@ -89,38 +91,30 @@ class ProbeRun:
         """{kind: {rule: mean probability}} of the policy `model` over the held-out rows. Every
         rank scores rows[rank::world] (FSDP needs every rank in each forward) and gets the whole."""
         rank, world = acc.process_index, acc.num_processes
-        seqs, owners = [], []        # one sequence per (row, distinct answer)
-        for i in range(rank, len(self.rows), world):
-            for answer in dict.fromkeys(self.table[i][1].values()):
-                seqs.append(self.rows[i]["prompt_ids"] + self.prefix_ids + [answer])
-                owners.append((i, answer))
+        # one sample per (row, distinct answer): prompt + prefix, and the answer as its completion
+        owners = [(i, a) for i in range(rank, len(self.rows), world)
+                  for a in dict.fromkeys(self.table[i][1].values())]
+        batch = SimpleNamespace(prompt_ids=[self.rows[i]["prompt_ids"] + self.prefix_ids
+                                            for i, _ in owners],
+                                completion_ids=[[a] for _, a in owners])
         prob = {}
         was_training = model.training
         model.eval()
-        for s in range(0, len(seqs), micro_batch_size):
-            part = seqs[s:s + micro_batch_size]
-            T = max(map(len, part))
-            ids = torch.full((len(part), T), self.pad_id, dtype=torch.long)
-            attn = torch.zeros_like(ids)
-            resp = torch.zeros_like(ids)
-            for j, q in enumerate(part):
-                ids[j, :len(q)], attn[j, :len(q)], resp[j, len(q) - 1] = torch.tensor(q), 1, 1
-            lp, _ = token_logprobs(model, ids.to(acc.device), attn.to(acc.device),
-                                   resp.to(acc.device), head_precision=head_precision)
-            last = [len(q) - 2 for q in part]          # position t holds the log-prob of t + 1
-            for j, t in enumerate(last):
-                prob[owners[s + j]] = lp[j, t].exp().item()
+        for s in range(0, len(owners), micro_batch_size):
+            idx = list(range(s, min(s + micro_batch_size, len(owners))))
+            ids, attn, resp = collate(batch, idx, self.pad_id, acc.device)
+            lp, _ = token_logprobs(model, ids, attn, resp, head_precision=head_precision)
+            answer_logp = lp[resp[:, 1:].bool()]          # one per sample: its answer token
+            for j, i in enumerate(idx):
+                prob[owners[i]] = answer_logp[j].exp().item()
         model.train(was_training)
         mine = [(self.table[i][0], rule, prob[(i, a)])
                 for i in range(rank, len(self.rows), world) for rule, a in self.table[i][1].items()]
         if world > 1:
             from accelerate.utils import gather_object
             mine = gather_object(mine)
-        sums = {}
+        probs = {}
         for kind, rule, p in mine:
-            n, total = sums.get((kind, rule), (0, 0.0))
-            sums[kind, rule] = (n + 1, total + p)
-        out = {}
-        for (kind, rule), (n, total) in sums.items():
-            out.setdefault(kind, {})[rule] = total / n
-        return out
+            probs.setdefault(kind, {}).setdefault(rule, []).append(p)
+        return {kind: {rule: sum(ps) / len(ps) for rule, ps in rules.items()}
+                for kind, rules in probs.items()}
