@@ -81,6 +81,12 @@ def first_pass(hist, kind, rule):
                  and r["answer_prob"][kind][rule] > 0.5), None)
 
 
+def max_half_at(run):
+    """The iteration the right letter passed 0.5 on max problems; a run that never got there
+    counts as its last iteration + 1."""
+    return run["right_max"] if run["right_max"] is not None else run["iters"] + 1
+
+
 def read_runs(folder):
     """Every finished run of a sweep folder: name, seed, final avg@k, probe history."""
     runs = []
@@ -91,13 +97,14 @@ def read_runs(folder):
         if not probed:
             raise SystemExit(f"{path}: no answer_prob rows; run the sweep with --answer_probe letters")
         final = probed[-1]["answer_prob"]
+        full = max(r["updates"] for r in hist)       # an iteration --target_kl did not cut
         runs.append(dict(
             name=res["name"], seed=res["seed"], avg=res["eval"]["all"], iters=len(hist),
             final=final, rule=rule_of(final),
             right_max=first_pass(hist, "max", "right"), right_min=first_pass(hist, "min", "right"),
             largest_on_min=first_pass(hist, "min", "largest"),
             smallest_on_max=first_pass(hist, "max", "smallest"),
-            cut=sum(r["updates"] < max(h["updates"] for h in hist) for r in hist),   # target_kl
+            cut=sum(r["updates"] < full for r in hist),
             lowest_right={kind: min((r["answer_prob"][kind]["right"], r["iter"]) for r in probed)
                           for kind in ("max", "min")},
             curve=[(r["iter"], r["answer_prob"]) for r in probed]))
@@ -132,15 +139,15 @@ def classes_table(regime, runs):
         counts = [sum(r["rule"] == c for r in mine) for c in ("right", "largest-letter",
                                                               "smallest-letter", "middle-letter",
                                                               "other")]
-        learnt = [r["right_max"] if r["right_max"] is not None else r["iters"] + 1 for r in mine]
+        learnt = [max_half_at(r) for r in mine]
         low = [r["lowest_right"]["min"][0] for r in mine]
         lines.append(f"| {LABEL[name]} | {len(mine)} | " + " | ".join(map(str, counts)) +
                      f" | {statistics.median(learnt):g} ({min(learnt)}-{max(learnt)}) | "
                      f"{statistics.median(low):.4f} ({min(low):.4f}-{max(low):.4f}) |")
     lines += ["", "| p(right) > 0.5 on max problems at iteration | runs (all cells) | right | "
               "not right (their cells and seeds) |", "|---|---|---|---|"]
-    for it in sorted({r["right_max"] or r["iters"] + 1 for r in runs}):
-        mine = [r for r in runs if (r["right_max"] or r["iters"] + 1) == it]
+    for it in sorted({max_half_at(r) for r in runs}):
+        mine = [r for r in runs if max_half_at(r) == it]
         bad = [f"{r['name']} s{r['seed']} ({r['rule']})" for r in mine if r["rule"] != "right"]
         lines.append(f"| {it} | {len(mine)} | {sum(r['rule'] == 'right' for r in mine)} | "
                      f"{', '.join(bad) or '-'} |")
@@ -164,6 +171,7 @@ def regime_rows(runs):
     for name, seeds in by.items():
         avg = [r["avg"] for r in seeds.values()]
         m = statistics.mean(avg)
+        # the t interval of the mean: sweep.py's paired interval against zero on every seed
         _, _, lo, hi = paired({s: r["avg"] for s, r in seeds.items()}, {s: 0.0 for s in seeds})
         cells[name] = dict(n=len(avg), stalls=sum(r["rule"] != "right" for r in seeds.values()),
                            rules={s: r["rule"] for s, r in sorted(seeds.items())},
@@ -178,8 +186,8 @@ def regime_rows(runs):
             vb = {s: r["avg"] for s, r in by[b].items()}
             sa = {s: 100.0 * (r["rule"] != "right") for s, r in by[a].items()}   # stall, in %
             sb = {s: 100.0 * (r["rule"] != "right") for s, r in by[b].items()}
-            la = {s: r["right_max"] or r["iters"] + 1 for s, r in by[a].items()}   # max half
-            lb = {s: r["right_max"] or r["iters"] + 1 for s, r in by[b].items()}   # learnt at
+            la = {s: max_half_at(r) for s, r in by[a].items()}
+            lb = {s: max_half_at(r) for s, r in by[b].items()}
             diffs[f"{a} - {b}"] = dict(avg=paired(va, vb), stall=paired(sa, sb),
                                        max_learnt=paired(la, lb),
                                        per_seed={s: va[s] - vb[s] for s in sorted(va.keys() & vb.keys())})
