@@ -304,9 +304,14 @@ ANSWER_SUFFIX = '\n\nEnd your response with a line of the form "Answer: <answer>
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One kind of problem: how to ask for it, what a valid ground truth is, how to score a
-    response. `check` runs on every row at load time; `judge` raises only on configuration."""
+    response. `check` runs on every row at load time and again on every item `score` gets, on the
+    same value both times: the row's "ground_truth" as the row holds it (a jsonl: row's answer as
+    JSON parsed it, a str, number, list or dict; the hub and rg loaders' rows hold text, code and
+    rg specs as JSON text, which their checks also take as dicts). `judge` gets what `check`
+    returned and raises only on configuration."""
     instruction: Callable    # row -> the prompt text for a base model
-    check: Callable          # ground truth -> the gold `judge` gets; ValueError if malformed
+    check: Callable          # ground truth (as the row holds it) -> the gold `judge` gets;
+                             # ValueError if malformed
     extract: Callable        # completion -> the answer `judge` gets (a str), or None (scores 0)
     judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]
     timeout: float = 5.0     # default limit per item (seconds), passed to judge
@@ -371,7 +376,7 @@ def score(task, completions, ground_truths, workers=None, timeout=None):
     # (most of a group's 8 programs are often the same text), and each distinct program is still
     # run in a fresh sandbox. Keys are the extracted program / answer, so prose around them is free.
     items = list(zip(answers, golds))
-    keys = [(a, json.dumps(g, sort_keys=True)) for a, g in items]
+    keys = [(a, json.dumps(g, sort_keys=True, default=repr)) for a, g in items]  # any gold type
     first = {}
     for i, k in enumerate(keys):
         first.setdefault(k, i)

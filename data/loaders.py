@@ -55,8 +55,9 @@ Choices:
    directory; --data_dir does not apply), one JSON object a line with "problem", "answer" and
    "task" (and optionally "id"; other fields are ignored). Each answer passes its task's check
    (reward.TASKS) as it is read; a missing file, bad JSON, a missing field, an unknown task or a bad
-   answer is refused naming the file and line. A non-string answer (a code test spec object, a
-   number) is kept as its JSON text. A code spec must take one of the two forms reward.py judges,
+   answer is refused naming the file and line. The answer is kept as JSON parsed it (a str, number,
+   list or dict) in row["ground_truth"]: the task's check gets that same value here, in load_rows and
+   in reward.score (reward.Task). A code spec must take one of the two forms reward.py judges,
    stdin/stdout (every input a string fed to stdin) or call-style ("fn_name", every input the list
    of one call's arguments); a spec in neither (list inputs without fn_name, fn_name with inputs
    that are not lists, numbers as stdin) is refused, as a correct program would score 0 on it. The tiny sets stay a case of their own: data/prepare.py
@@ -322,9 +323,9 @@ def _load_jsonl(name: str, split: str) -> list[dict]:
                 _check_code_form(gold)
         except ValueError as e:
             raise ValueError(f"{path}:{n}: {e}") from None
-        answer = raw["answer"] if isinstance(raw["answer"], str) else json.dumps(raw["answer"])
+        # the answer as parsed, not re-encoded: the check gets one type, here and when scored
         rows.append({"id": str(raw.get("id", f"{split}-{n}")), "task": raw["task"], "problem": raw["problem"],
-                     "ground_truth": answer, "source": name})
+                     "ground_truth": raw["answer"], "source": name})
     return rows
 
 

@@ -474,8 +474,8 @@ def test_readme_code_rows_load_and_score(tmp_path, monkeypatch):
     path.parent.mkdir(parents=True)
     path.write_text(readme_heredoc(str(path)))
     stdin_row, call_row = load_problems("jsonl:data/mytask/square", "train")
-    assert "fn_name" not in json.loads(stdin_row["ground_truth"])
-    assert json.loads(call_row["ground_truth"])["fn_name"] == "square"
+    assert "fn_name" not in stdin_row["ground_truth"]           # the spec as the file has it
+    assert call_row["ground_truth"]["fn_name"] == "square"
     assert "standard input" in format_prompt(stdin_row, "code") and "`square`" in format_prompt(call_row, "code")
     wrong_program, wrong_function = "print(int(input()) * 2)", "def square(x):\n    return x + x"
     completions = [PROGRAM, wrong_program, FUNCTION, wrong_function, FUNCTION, PROGRAM]

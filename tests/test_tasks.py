@@ -4,6 +4,7 @@ instruction, ground-truth check and reward; rows are checked when they are loade
 Run: .venv/bin/python -m pytest tests/test_tasks.py -q   (CPU, no model run, a few seconds)
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,13 @@ import reward  # noqa: E402
 from data.loaders import format_prompt, load_problems  # noqa: E402
 from data.loaders import load_rows  # noqa: E402
 
-REGISTERED = "'math', 'code', 'rg', 'exact'"
+BUILT_IN = ["math", "code", "rg", "exact"]   # the tasks reward.py ships; the README invites more
+
+
+def registered():
+    """The error messages' list of registered tasks, as a regex: whatever TASKS holds now, so a task
+    the README's how-to adds to reward.py changes no test."""
+    return re.escape(", ".join(map(repr, reward.TASKS)))
 
 
 def write_jsonl(path, rows):
@@ -31,12 +38,15 @@ def tok():
 
 # ----------------------------------------------------------------------------- the registry
 
-def test_registry_holds_each_task_once_and_score_dispatches_through_it():
-    assert list(reward.TASKS) == ["math", "code", "rg", "exact"]
+def test_registry_holds_the_built_in_tasks_and_score_dispatches_through_it(monkeypatch):
+    assert set(BUILT_IN) <= set(reward.TASKS) and all(isinstance(t, reward.Task) for t in reward.TASKS.values())
     row = {"id": "0", "task": "exact", "problem": "Reverse the word: cat", "ground_truth": "tac", "source": "t"}
     assert reward.TASKS["exact"].instruction(row) == row["problem"] + reward.ANSWER_SUFFIX
-    with pytest.raises(ValueError, match=f"'chess'; registered tasks: {REGISTERED}"):
+    # an unknown task is refused naming every registered one, a task added later included
+    monkeypatch.setitem(reward.TASKS, "added", reward.TASKS["exact"])
+    with pytest.raises(ValueError, match=f"'chess'; registered tasks: {registered()}") as e:
         reward.score("chess", ["Answer: 1"], ["1"])
+    assert all(repr(name) in str(e.value) for name in BUILT_IN + ["added"])
 
 
 def test_a_new_task_is_one_registry_entry(monkeypatch, tmp_path, tok):
@@ -51,11 +61,42 @@ def test_a_new_task_is_one_registry_entry(monkeypatch, tmp_path, tok):
     monkeypatch.setattr(tok, "chat_template", "{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
     rows = load_rows(f"jsonl:{tmp_path}/len", "test", None, "chat", tok)
     assert rows[0]["prompt"] == "[How many letters? cat\nAnswer with a number.]"
-    assert [r["ground_truth"] for r in rows] == ["3", "5"]  # a number answer is kept as its JSON text
+    assert [r["ground_truth"] for r in rows] == [3, "5"]  # each answer as the file has it
     assert reward.score_rows(["it is 3", "it is 4", "", None], rows + rows) == [1.0, 0.0, 0.0, 0.0]
     write_jsonl(tmp_path / "len_test.jsonl", [{"problem": "cat", "answer": "three", "task": "length"}])
     with pytest.raises(ValueError, match=r"len_test.jsonl:1: invalid literal for int\(\)"):
         load_problems(f"jsonl:{tmp_path}/len", "test")
+
+
+def anagram_gold(answer):
+    """A check that needs a dict, the answer as the jsonl file has it: the words that count."""
+    if not (isinstance(answer, dict) and isinstance(answer.get("words"), list) and answer["words"]):
+        raise ValueError(f'need {{"letters": ..., "words": [...]}}, got {answer!r}')
+    return set(answer["words"])   # a set: a gold need not be JSON
+
+
+def test_a_task_whose_check_needs_a_dict_gets_one_at_load_and_at_scoring(monkeypatch, tmp_path, tok):
+    """One type for a ground truth: the check gets the answer as parsed from the file (here a dict)
+    when the row is read, when load_rows checks it and when reward.score scores it."""
+    seen = []
+    monkeypatch.setitem(reward.TASKS, "anagram", reward.Task(
+        instruction=lambda row: f"A word made of the letters {row['problem']}?" + reward.ANSWER_SUFFIX,
+        check=lambda answer: seen.append(type(answer)) or anagram_gold(answer),
+        extract=reward.extract_answer,
+        judge=lambda answer, gold, timeout: float(answer in gold)))
+    write_jsonl(tmp_path / "ana_test.jsonl", [
+        {"problem": "t c a", "answer": {"letters": "tca", "words": ["cat", "act"]}, "task": "anagram"},
+        {"problem": "o g d", "answer": {"letters": "ogd", "words": ["dog", "god"]}, "task": "anagram"}])
+    rows = load_rows(f"jsonl:{tmp_path}/ana", "test", None, "plain", tok)
+    assert rows[0]["ground_truth"] == {"letters": "tca", "words": ["cat", "act"]}
+    completions = ["Answer: act", "Answer: cat", "Answer: tac", "Answer: god", "Answer: dog", "Answer: cat"]
+    assert reward.score_rows(completions, [rows[0]] * 3 + [rows[1]] * 3) == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert reward.score("anagram", ["Answer: god"], [rows[1]["ground_truth"]]) == [1.0]
+    assert set(seen) == {dict}, seen   # the file's read, load_rows and every score call
+    assert len(seen) == 2 + 2 + 6 + 1
+    write_jsonl(tmp_path / "ana_test.jsonl", [{"problem": "t c a", "answer": "cat", "task": "anagram"}])
+    with pytest.raises(ValueError, match=r"ana_test.jsonl:1: need \{\"letters\""):
+        load_problems(f"jsonl:{tmp_path}/ana", "test")
 
 
 # ----------------------------------------------------------------------------- math golds
@@ -106,9 +147,9 @@ def test_jsonl_prefix_reads_each_split_into_rows(tmp_path):
     assert rows[:2] == [
         {"id": "train-1", "task": "exact", "problem": "Reverse the word: cat", "ground_truth": "tac", "source": name},
         {"id": "q7", "task": "math", "problem": "1+1?", "ground_truth": "2", "source": name}]
-    assert json.loads(rows[2]["ground_truth"]) == spec and "standard input" in format_prompt(rows[2], "code")
+    assert rows[2]["ground_truth"] == spec and "standard input" in format_prompt(rows[2], "code")
     assert load_problems(name, "train", limit=1) == rows[:1]
-    assert load_problems(name, "test") == [{"id": "test-1", "task": "math", "problem": "2+2?", "ground_truth": "4",
+    assert load_problems(name, "test") == [{"id": "test-1", "task": "math", "problem": "2+2?", "ground_truth": 4,
                                             "source": name}]
 
 
@@ -116,7 +157,7 @@ def test_jsonl_prefix_reads_each_split_into_rows(tmp_path):
     ('{"problem": "p", "answer": "a", "task": "exact"', r"bad JSON \(Expecting ',' delimiter, column 48\)"),
     ('["p", "a", "exact"]', r"need a JSON object"),
     ('{"problem": "p", "task": "exact"}', r"missing field 'answer'; each line needs 'problem', 'answer', 'task'"),
-    ('{"problem": "p", "answer": "a", "task": "chess"}', rf"unknown task 'chess'; registered tasks: {REGISTERED}"),
+    ('{"problem": "p", "answer": "a", "task": "chess"}', f"unknown task 'chess'; registered tasks: {registered()}"),
     ('{"problem": "Reverse: cat", "answer": "tac", "task": "math"}', r"math ground truth 'tac'.*task 'exact'"),
     ('{"problem": "p", "answer": {"inputs": []}, "task": "code"}', r"malformed test spec"),
     ('{"problem": "", "answer": "a", "task": "exact"}', r"'problem' must be non-empty text"),
@@ -137,7 +178,7 @@ def test_load_rows_refuses_an_unknown_task_from_any_source(tmp_path, tok):
     write_jsonl(tmp_path / "math_train.jsonl", [{"id": "m0", "task": "chess", "problem": "e4?", "ground_truth": "e5",
                                                  "source": "tiny-math"}])
     with pytest.raises(ValueError, match=f"tiny-math \\(train\\) row 'm0': unknown task 'chess'; registered tasks: "
-                                         f"{REGISTERED}"):
+                                         f"{registered()}"):
         load_rows("tiny-math", "train", str(tmp_path), "plain", tok)
 
 
