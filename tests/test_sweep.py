@@ -71,7 +71,8 @@ def test_only_takes_gppo_method_names_and_keeps_table_order():
     with pytest.raises(SystemExit):
         sweep.select("kl-nope")
     # labels come from gppo.METHODS, so a name added there shows up in the table
-    assert sweep.LABELS == {"tv-mc": "GRPO / PPO", "kl-mc": "DAPO", "tv-binary": "DPPO", "chi2-atomic": "RIPO"}
+    for cell, names in {"tv-mc": ["GRPO", "PPO"], "kl-mc": ["DAPO"], "tv-binary": ["DPPO"], "chi2-atomic": ["RIPO"]}.items():
+        assert set(names) <= set(sweep.LABELS[cell].split(" / ")), sweep.LABELS   # more may be added
 
 
 def test_passthrough_refuses_per_cell_flags_and_strips_threads():
