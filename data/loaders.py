@@ -60,7 +60,8 @@ Choices:
    in reward.score (reward.Task). A code spec must take one of the two forms reward.py judges,
    stdin/stdout (every input a string fed to stdin) or call-style ("fn_name", every input the list
    of one call's arguments); a spec in neither (list inputs without fn_name, fn_name with inputs
-   that are not lists, numbers as stdin) is refused, as a correct program would score 0 on it. The tiny sets stay a case of their own: data/prepare.py
+   that are not lists, numbers, objects, null or booleans as stdin) is refused, as a correct program
+   would score 0 on it. The tiny sets stay a case of their own: data/prepare.py
    writes them already in the row schema, and --data_dir finds them beside the tiny model.
 10. Answers inside a worked solution: GSM8K's answer text ends with a line "#### 72"; the ground
    truth is what follows the last "####", thousands separators out ("1,234" -> "1234"), and the
@@ -298,8 +299,11 @@ def _check_code_form(spec: dict):
             raise ValueError(f"inputs are lists of arguments (input {i} is {js(x)}) but no fn_name: "
                              f'add "fn_name": "<the function\'s name>", or give stdin strings')
         if not fn_name and not isinstance(x, str):
-            text = js(str(x) + "\n")
-            raise ValueError(f"input {i} is {js(x)}, not stdin text: give a string (e.g. {text}), "
+            # a number's text is the obvious fix (3 -> "3\n"); a dict, null or boolean has none:
+            # Python's str() of it ("None", "{'a': 1}") is no stdin a program expects
+            number = isinstance(x, (int, float)) and not isinstance(x, bool)
+            text = f"e.g. {js(str(x) + chr(10))}" if number else "the program's standard input"
+            raise ValueError(f"input {i} is {js(x)}, not stdin text: give a string ({text}), "
                              f'or add "fn_name" and give each input as a list of arguments')
 
 

@@ -125,6 +125,16 @@ def test_gsm8k_main_config_answer_after_hashes(tmp_path):
         load_problems("gsm8k", "validation", data_dir=str(tmp_path))
 
 
+def test_gsm8k_ground_truth_follows_the_last_hashes(tmp_path):
+    """A worked answer that writes "####" before its final line: the ground truth is the number
+    after the last one (choice 10), not the text after the first."""
+    rows = [{"question": "Tom has 3 boxes of 6 pens. How many pens?",
+             "answer": "Boxes #### pens: 3 * 6 = <<3*6=18>>18.\n#### 18"}]
+    write_parquet(tmp_path / "gsm8k" / "main" / "train-00000-of-00001.parquet", rows)
+    [row] = load_problems("gsm8k", "train", data_dir=str(tmp_path))
+    assert row["ground_truth"] == "18", row["ground_truth"]
+
+
 MATH500 = [{"problem": "Convert the point $(0,3)$ to polar coordinates.",
             "solution": "So $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}.$",
             "answer": "\\left( 3, \\frac{\\pi}{2} \\right)", "subject": "Precalculus", "level": 2,
@@ -502,6 +512,20 @@ def test_jsonl_refuses_a_code_spec_in_neither_form(tmp_path, answer, error):
     write_jsonl(tmp_path / "sq_train.jsonl", [ok, {"problem": "Square x.", "answer": answer, "task": "code"}])
     with pytest.raises(ValueError, match=rf"sq_train\.jsonl:2: {error}"):
         load_problems(f"jsonl:{tmp_path}/sq", "train")
+
+
+@pytest.mark.parametrize("stdin, shown", [({"n": 3}, '{"n": 3}'), (None, "null"), (True, "true")])
+def test_jsonl_refuses_stdin_that_is_an_object_null_or_a_boolean(tmp_path, stdin, shown):
+    """A stdin/stdout spec whose input is a JSON object, null or a boolean is refused at load time,
+    naming file, line, the value as written and what is accepted: the judge would feed the program
+    Python's text of it ("None", "True"), which no correct program reads."""
+    spec = {"inputs": ["3", stdin], "outputs": ["9", "16"]}
+    write_jsonl(tmp_path / "sq_train.jsonl", [{"problem": "Square n.", "answer": spec, "task": "code"}])
+    with pytest.raises(ValueError) as e:
+        load_problems(f"jsonl:{tmp_path}/sq", "train")
+    assert str(e.value) == (f"{tmp_path}/sq_train.jsonl:1: input 2 is {shown}, not stdin text: give "
+                            "a string (the program's standard input), or add \"fn_name\" and give "
+                            "each input as a list of arguments")
 
 
 def test_a_call_spec_without_fn_name_scores_a_right_function_0():
