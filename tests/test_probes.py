@@ -6,6 +6,7 @@
 3. A run with the probe trains exactly as one without it (metrics rows equal but for the timers),
    and logs answer_prob at the iterations --probe_every names.
 """
+import json
 import subprocess
 from types import SimpleNamespace
 
@@ -119,3 +120,45 @@ def test_shortcut_study_classifies_by_the_rule_above_half_on_both_kinds():
     hist = [{"iter": 1, "answer_prob": probs(0.3, 0.3, 0.3, 0.3)}, {"iter": 2},
             {"iter": 3, "answer_prob": probs(0.6, 0.2, 0.2, 0.51)}]
     assert first_pass(hist, "min", "largest") == 3 and first_pass(hist, "min", "right") is None
+
+
+def shortcut_probs(max_right, max_smallest, min_right, min_largest):
+    """An answer_prob entry: on max problems right = largest, on min problems right = smallest."""
+    return {"max": {"right": max_right, "largest": max_right, "smallest": max_smallest, "middle": 0.0},
+            "min": {"right": min_right, "smallest": min_right, "largest": min_largest, "middle": 0.0}}
+
+
+def test_shortcut_study_counts_exactly_half_as_not_passed():
+    """Choice 1 and 2 of bench/rare_shortcut.py: a letter passes at p strictly above 0.5, so a
+    probability of exactly 0.5 (half the problems' mass) is not a learnt rule nor a passing point."""
+    from bench.rare_shortcut import first_pass, rule_of
+    assert rule_of(shortcut_probs(0.5, 0.1, 0.5, 0.1)) == "other"
+    assert rule_of(shortcut_probs(0.1, 0.5, 0.1, 0.5)) == "other"
+    hist = [{"iter": 1, "answer_prob": shortcut_probs(0.5, 0.5, 0.5, 0.5)},
+            {"iter": 2, "answer_prob": shortcut_probs(0.6, 0.5, 0.5, 0.5)}]
+    assert first_pass(hist, "max", "right") == 2
+    assert [first_pass(hist, k, r) for k, r in (("min", "right"), ("max", "smallest"),
+                                                ("min", "largest"))] == [None, None, None]
+
+
+def test_shortcut_study_a_run_that_never_learnt_the_max_half_is_not_counted_as_learnt(tmp_path):
+    """bench/rare_shortcut.py on a sweep folder of two 3-iteration runs: one whose right letter
+    passes 0.5 on max problems at its last iteration, one whose never does. The first learnt the
+    max half at iteration 3; the second never did, counted as iteration 4 (last + 1), not 3."""
+    from bench.rare_shortcut import classes_table, max_half_at, read_runs
+    max_right = {0: [0.2, 0.4, 0.7], 1: [0.2, 0.3, 0.4]}       # seed -> p(right) on max, per iter
+    for seed, ps in max_right.items():
+        run = tmp_path / f"kl-atomic_s{seed}"
+        run.mkdir()
+        (run / "result.json").write_text(json.dumps({"name": "kl-atomic", "seed": seed,
+                                                     "eval": {"all": 10.0 * seed}}))
+        rows = [{"iter": it, "updates": 2, "answer_prob": shortcut_probs(p, 0.1, 0.1, 0.8)}
+                for it, p in enumerate(ps, 1)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = read_runs(str(tmp_path))
+    assert [(r["seed"], r["iters"], r["right_max"]) for r in runs] == [(0, 3, 3), (1, 3, None)]
+    assert [max_half_at(r) for r in runs] == [3, 4]
+    table = classes_table("paper", runs)
+    assert "| kl-atomic | 2 | 0 | 1 | 0 | 0 | 1 | 3.5 (3-4) |" in table, table
+    assert "| 3 | 1 | 0 | kl-atomic s0 (largest-letter) |" in table, table
+    assert "| 4 | 1 | 0 | kl-atomic s1 (other) |" in table, table
