@@ -57,14 +57,49 @@ def max_param_diff(a, b):
 # ----------------------------------------------------------------------------------------------
 # the tiny model, once per session
 
+def greedy_answers(model_dir, problems, max_new_tokens=16):
+    """transformers' greedy decode of each problem (text), the premise the trainer tests build on."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for p in problems:
+            x = torch.tensor([tok(p, add_special_tokens=False)["input_ids"]])
+            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                               max_new_tokens=max_new_tokens, pad_token_id=tok.eos_token_id)
+            outs.append(tok.decode(y[0, x.shape[1]:], skip_special_tokens=True))
+    return outs
+
+
+TINY_SEEDS = (0, 1, 2)  # warm-start seeds tried in turn until one gives a usable model
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """A tiny model and data sets: TMP/model, TMP/{math,code}_{train,test}.jsonl."""
-    d = tmp_path_factory.mktemp("tiny")
-    # --threads 1: with 2 threads on a busy 2-core machine the warm start is ~20x slower
-    ok(run([PY, "data/prepare.py", "--out", str(d), "--n_math_train", "40", "--n_math_test", "20",
-            "--hidden", "64", "--heads", "2", "--layers", "2", "--steps", "200", "--batch_size", "32",
-            "--lr", "1e-2", "--warmup", "5", "--threads", "1", "--n_val", "10", "--target", "1.01",
-            "--q_math", "1", "--q_code", "1"], timeout=300)[0])
-    assert (d / "model" / "config.json").is_file() and (d / "math_train.jsonl").is_file()
-    return d
+    """A tiny model and data sets: TMP/model, TMP/{math,code}_{train,test}.jsonl.
+
+    The 200-step warm start is chaotic: how it comes out depends on the CPU's floating-point
+    kernels. On a first-generation AMD EPYC seed 0 came out degenerate (one greedy answer for
+    every prompt) where other CPUs learnt a few answers. Its premise, that the greedy answers of
+    the first 8 train problems are not all one, is checked here, and another seed tried if it
+    fails, so that no test downstream meets a degenerate model without a word.
+    """
+    outs = None
+    for seed in TINY_SEEDS:
+        d = tmp_path_factory.mktemp(f"tiny-seed{seed}")
+        # --threads 1: with 2 threads on a busy 2-core machine the warm start is ~20x slower
+        ok(run([PY, "data/prepare.py", "--out", str(d), "--seed", str(seed), "--n_math_train", "40",
+                "--n_math_test", "20", "--hidden", "64", "--heads", "2", "--layers", "2",
+                "--steps", "200", "--batch_size", "32", "--lr", "1e-2", "--warmup", "5",
+                "--threads", "1", "--n_val", "10", "--target", "1.01", "--q_math", "1",
+                "--q_code", "1"], timeout=300)[0])
+        assert (d / "model" / "config.json").is_file() and (d / "math_train.jsonl").is_file()
+        rows = [json.loads(line) for line in open(d / "math_train.jsonl")]
+        problems = list(dict.fromkeys(r["problem"] for r in rows))[:8]
+        outs = greedy_answers(str(d / "model"), problems)
+        if len(set(outs)) > 1:
+            return d
+    pytest.fail(f"the tiny warm start came out degenerate for seeds {TINY_SEEDS}: the greedy answer "
+                f"of each of the first 8 train problems is {outs[0]!r}; the trainer tests need a "
+                f"model whose answers depend on the prompt (tests/conftest.py, tiny)")

@@ -103,11 +103,30 @@ def test_vllm_rollouts_layout_and_logprobs_match_trainer(tiny, engine, prompts):
 # ----------------------------------------------------------------------------------------------
 # 2. weight sync: vLLM's greedy output follows the new weights
 
-def test_weight_sync_makes_vllm_greedy_equal_transformers_greedy(tiny, engine, prompts):
+def degenerate(model):
+    """The model made to decode one sequence whatever the prompt: with every attention and MLP
+    output zeroed the residual stream at a position is its own token's embedding, so the greedy
+    continuation depends on the prompt's last token only (all train prompts end in "?\\n"). This
+    is what the fixture's warm start came out as on one CPU (issue 39)."""
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                prm.zero_()
+    return model
+
+
+@pytest.mark.parametrize("start", ["warm-start", "degenerate"])
+def test_weight_sync_makes_vllm_greedy_equal_transformers_greedy(tiny, engine, prompts, start):
+    """After sync_weights, vLLM's greedy decode is transformers' greedy decode of the new weights,
+    from the fixture's warm start and from a degenerate start alike (the test must not depend on
+    what a CPU's kernels made of the warm start)."""
     from rollout import weight_buckets
     T = 24
     model = hf_model(tiny)
     eos = engine.tokenizer.eos_token_id
+    fixture = {k: v.clone() for k, v in model.state_dict().items()}
+    if start == "degenerate":
+        engine.sync_weights([list(degenerate(model).state_dict().items())])
 
     @torch.no_grad()
     def hf_greedy():
@@ -122,31 +141,45 @@ def test_weight_sync_makes_vllm_greedy_equal_transformers_greedy(tiny, engine, p
     def vllm_greedy():
         return engine.generate(prompts, n=1, max_tokens=T, temperature=0.0).completion_ids
 
-    old_vllm, old_hf = vllm_greedy(), hf_greedy()
-    assert old_vllm == old_hf, "before any sync, both should decode the start weights"
-    start = {k: v.clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():                      # new weights: the start model plus noise
-        gen = torch.Generator().manual_seed(0)
-        for prm in model.parameters():
-            prm.add_(0.05 * torch.randn(prm.shape, generator=gen))
-    new_hf = hf_greedy()
-    assert new_hf != old_hf, "precondition: the perturbation must change the greedy output"
-    # both ways of streaming: one reload fed by a lazy generator (worker in this process, the
-    # default here) and one reload per bucket (workers in other processes), in buckets of ~20 kB
-    # (the tiny model is 0.4 MB: buckets close at the first layer boundary past the limit, so here
-    # embeddings | layer 0 | layer 1 | final norm and head)
-    sizes = [len(b) for b in weight_buckets(model, bucket_mb=0.02)]
-    assert len(sizes) == 4 and sum(sizes) == len(model.state_dict()), f"buckets of {sizes} tensors"
-    for one_call in (True, False):
-        try:
-            engine.sync_weights(weight_buckets(model, bucket_mb=0.02), one_call=one_call)
-            new_vllm = vllm_greedy()
-            assert new_vllm == new_hf, f"after sync_weights(one_call={one_call}) vLLM must decode the new weights"
-            assert new_vllm != old_vllm, "sync_weights left vLLM on the old weights"
-            # (checked: with sync_weights replaced by a no-op, the first of these two asserts fails)
-        finally:                               # put the start weights back for other tests
-            engine.sync_weights([list(start.items())])
-        assert vllm_greedy() == old_vllm, "syncing the start weights back must restore the old output"
+    try:
+        old_vllm, old_hf = vllm_greedy(), hf_greedy()
+        if start == "degenerate":
+            assert len(set(map(tuple, old_hf))) == 1, "the degenerate start decodes one sequence"
+        assert old_vllm == old_hf, "before any sync, both should decode the start weights"
+        start_weights = {k: v.clone() for k, v in model.state_dict().items()}
+        # New weights: the start plus noise in every tensor (so that the decodes agree only if
+        # every tensor is synced), and the final norm's gain negated. The first new token's logits
+        # are then the negation of a noisy copy of the start's: greedy picks the token the start
+        # ranks (near) last instead of first, so the first token of every prompt changes whatever
+        # the start (with noise alone, a start that decodes one sequence for every prompt can
+        # decode it again after the noise, which is how this test once failed on one CPU).
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(0)
+            for prm in model.parameters():
+                prm.add_(0.05 * torch.randn(prm.shape, generator=gen))
+            model.model.norm.weight.neg_()
+        new_hf = hf_greedy()
+        assert all(a[0] != b[0] for a, b in zip(new_hf, old_hf)), \
+            "the negated head must change the first greedy token of every prompt"
+        # both ways of streaming: one reload fed by a lazy generator (worker in this process, the
+        # default here) and one reload per bucket (workers in other processes), in buckets of
+        # ~20 kB (the tiny model is 0.4 MB: buckets close at the first layer boundary past the
+        # limit, so here embeddings | layer 0 | layer 1 | final norm and head)
+        sizes = [len(b) for b in weight_buckets(model, bucket_mb=0.02)]
+        assert len(sizes) == 4 and sum(sizes) == len(model.state_dict()), f"buckets of {sizes} tensors"
+        for one_call in (True, False):
+            try:
+                engine.sync_weights(weight_buckets(model, bucket_mb=0.02), one_call=one_call)
+                new_vllm = vllm_greedy()
+                assert new_vllm == new_hf, \
+                    f"after sync_weights(one_call={one_call}) vLLM must decode the new weights"
+                assert new_vllm != old_vllm, "sync_weights left vLLM on the old weights"
+                # (checked: with sync_weights replaced by a no-op, the first of these asserts fails)
+            finally:                           # back to the start weights for the next round
+                engine.sync_weights([list(start_weights.items())])
+            assert vllm_greedy() == old_vllm, "syncing the start weights back must restore the old output"
+    finally:                                   # the fixture's weights back for other tests
+        engine.sync_weights([list(fixture.items())])
 
 
 BF16_ENGINE = r"""
