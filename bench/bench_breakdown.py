@@ -41,7 +41,8 @@ else:
     cmd = [sys.executable, "train.py", "--model", args.model, "--iters", str(args.warmup + args.iters),
            "--out_dir", str(out_dir), "--sample_every", "0", "--threads", str(args.threads)] + (["--data_dir", args.data_dir] if args.data_dir else [])
     cmd += args.train_args
-    config.update(command=" ".join(cmd[1:]), iters=args.iters)
+    # the temporary folder's name is no result: the command as it would be typed, with a placeholder
+    config.update(command=" ".join(cmd[1:]).replace(str(out_dir), "TMPDIR"), iters=args.iters)
     print("running:", " ".join(cmd[1:]), flush=True)
     t = time.time()
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -50,7 +50,9 @@ def main():
                                    kv_cache_sequences=len(prompts) * args.group_size,
                                    kv_cache_tokens=max(map(len, prompts)) + args.max_new_tokens),
                "hf": HFRollout(args.model, args.max_model_len, seed=0)}
-    config = dict(model=args.model, prompts=len(prompts), group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+    model = os.path.relpath(args.model, ROOT) if Path(args.model).resolve().is_relative_to(ROOT) \
+        else args.model   # results name no machine's absolute path
+    config = dict(model=model, prompts=len(prompts), group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                   reps=args.reps, threads=torch.get_num_threads(), cores=len(os.sched_getaffinity(0)),
                   load_avg_start=os.getloadavg()[0], torch=torch.__version__)
     print("config:", json.dumps(config), flush=True)

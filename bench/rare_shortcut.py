@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.sweep import paired, read_metrics, write_json_atomic  # noqa: E402
+from bench.sweep import paired, read_metrics, shown, write_json_atomic  # noqa: E402
 
 RULES = ("right", "largest", "smallest", "middle")
 SHORTCUT_ON = {"largest": "min", "smallest": "max"}   # a shortcut and the kind it gets wrong
@@ -278,8 +278,11 @@ def main():
     start = warm_start_probe()
     first = next(iter(regimes))
     stats = {name: regime_rows(runs) for name, runs in regimes.items()}
-    text = ("Made by `python bench/rare_shortcut.py " + " ".join(f"--regime {s}" for s in args.regime)
-            + f" --out {args.out}` (choices in its docstring).\n\nWarm start (iteration 0), mean "
+    # folders relative to the repository, else by their name: no machine's paths in results
+    made = " ".join(f"--regime {n}={shown(f)}" for n, f in (s.partition("=")[::2] for s in args.regime))
+    text = (f"Made by `python bench/rare_shortcut.py {made} --out {shown(args.out)}` (choices in its "
+            "docstring; sweep folders outside the repository by their name).\n\nWarm start "
+            "(iteration 0), mean "
             "probability on the held-out max / min problems: right "
             f"{start['max']['right']:.3f} / {start['min']['right']:.3f}, largest "
             f"{start['max']['largest']:.3f} / {start['min']['largest']:.3f}, smallest "

@@ -190,6 +190,16 @@ def run_dir(out, name, seed):
     return os.path.join(out, f"{name}-seed{seed}")
 
 
+def shown(arg):
+    """A command-line word as committed results print it: a path (or --flag=path) relative to the
+    repository when inside it, else its last part alone; no machine's absolute paths."""
+    flag, eq, path = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
+    if not os.path.isabs(path):
+        return arg
+    p = Path(path).resolve()
+    return flag + eq + (os.path.relpath(p, ROOT) if p.is_relative_to(ROOT) else p.name)
+
+
 def load_result(out, name, seed):
     path = os.path.join(run_dir(out, name, seed), "result.json")
     try:
@@ -843,14 +853,15 @@ def warm_start(settings, out):
            "--data_dir", settings["data_dir"], "--template", a["template"], "--k", str(a["eval_k"]),
            "--max_new_tokens", str(a["max_new_tokens"]), "--max_model_len", str(a["max_model_len"]),
            "--backend", a["backend"], "--dtype", a["vllm_dtype"], "--out", path]
+    public = [shown(c) for c in cmd[1:-1]] + [os.path.join(shown(out), "eval_start.json")]  # sweep.json's
     if not os.path.exists(path):
         print("warm start:", " ".join(cmd[1:]), f"(log {path[:-5]}.log)", flush=True)
         with open(path[:-5] + ".log", "w") as log:
             if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
                 print(f"warm-start evaluation failed; see {path[:-5]}.log", flush=True)
-                return None, cmd[1:]
+                return None, public
     with open(path) as f:
-        return json.load(f).get(f"avg@{a['eval_k']}"), cmd[1:]
+        return json.load(f).get(f"avg@{a['eval_k']}"), public
 
 
 # ----------------------------------------------------------------------------------------------
@@ -985,7 +996,7 @@ def main():
     EVAL_SETS = task["eval_sets"]
     for key in ("model", "data_dir", "out", "publish_dir"):
         setattr(args, key, getattr(args, key) or task[key])
-    command = " ".join(["bench/sweep.py", *sys.argv[1:]])
+    command = " ".join(["bench/sweep.py", *map(shown, sys.argv[1:])])
     os.chdir(ROOT)
     flags, threads = split_passthrough(task["flags"] + extra)
     if threads is None and args.jobs > 1:

@@ -242,6 +242,15 @@ def test_settings_are_train_py_resolved_flags():
         sweep.make_settings("m", "d", ["--prompts_per_iter", "7"])         # train.py refuses it
 
 
+def test_shown_keeps_machine_paths_out_of_committed_results():
+    """What sweep.json, table.md and bench/rare_shortcut.py print of a command line: paths inside
+    the repository relative to it, others by their last part; other words unchanged."""
+    assert sweep.shown(str(ROOT / "data" / "tiny" / "model")) == "data/tiny/model"
+    assert sweep.shown("/work/runs/lowlr") == "lowlr" and sweep.shown("--out=/work/runs/guard/") == "--out=guard"
+    for word in ("out/sweep", "--lr=1e-4", "rg:chain_sum?min_digits=2", "--only"):
+        assert sweep.shown(word) == word
+
+
 def test_write_json_atomic_leaves_no_tmp(tmp_path):
     path = tmp_path / "result.json"
     sweep.write_json_atomic(str(path), {"a": 1})
@@ -314,6 +323,7 @@ def test_report_of_a_finished_sweep(tmp_path):
     assert "`bench/sweep.py --seeds 0-1 --jobs 2`: 5 runs in 10.0 min" in table
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["warm_start"]["tiny-math"] == 25.0 and summary["rows"]["tv-mc"]["gain_tiny-math"] == 5.5
+    assert summary["warm_start_cmd"][-2:] == ["--out", "sweep/eval_start.json"]   # no tmp_path: committed
     assert set(summary["clip_by_mu"]) == {"tv-mc", "tv-atomic", "kl-atomic"} and len(summary["runs"]) == 5
     assert len((out / "invocations.jsonl").read_text().splitlines()) == 1   # this one ran nothing: no line
     assert sorted(os.listdir(pub)) == ["clip_by_mu.png", "dynamics.png", "regions.png", "sweep.json", "table.md"]
