@@ -6,6 +6,7 @@ avg@k of a model folder on held-out problems: k samples per problem, scored by r
     python eval.py --data jsonl:data/mytask/reverse              # data/mytask/reverse_test.jsonl
     python eval.py --model Qwen/Qwen3-8B-Base --data aime24,aime25 --template dapo \
         --max_new_tokens 20480 --max_model_len 21504             # the paper's math evaluation
+    python eval.py --compare out/kl-atomic-seed0 out/grpo-seed0   # runs: table + out/compare.png
 
 Choices:
 1. avg@k is the mean reward over k samples per problem (temperature 1, as the paper's avg@8),
@@ -19,10 +20,16 @@ Choices:
    refused there, naming the row, not in the middle of a run.
 4. One table row per data set, then one JSON line (`{"avg@k": {...}}`) for scripts;
    `--compare BEFORE AFTER` prints two such results side by side (run.sh's closing table).
+5. `--compare RUN_DIR RUN_DIR ...` compares train.py run folders, each named by its folder: one
+   figure (--plot) of train reward, held-out avg@k and kl_k3 against iteration, one line per run,
+   and a table of each run's last evaluation. avg@k's points are eval_start.json (iteration 0),
+   the --eval_every rows of metrics.jsonl and eval.json (the last iteration): without
+   --eval_every a run has its two ends only. Unfinished runs compare too (their last row).
 """
 import argparse
 import hashlib
 import json
+import math
 import os
 import time
 
@@ -94,6 +101,124 @@ def compare_table(before, after):
     return "\n".join(lines)
 
 
+def run_names(folders):
+    """Each run's name: its folder's name, or as many trailing path parts as tell it apart
+    (out/a/seed0 and out/b/seed0 are a/seed0 and b/seed0)."""
+    parts = [os.path.normpath(os.path.abspath(f)).split(os.sep) for f in folders]
+    for n in range(1, max(map(len, parts)) + 1):
+        names = ["/".join(p[-n:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    raise SystemExit(f"--compare: the same folder twice in {folders}")
+
+
+def read_run(folder):
+    """A train.py run folder as --compare reads it (choice 5): its metrics rows, its avg@k key
+    ("avg@8") and evaluation points [(iteration, {data set: avg@k})]."""
+    path = os.path.join(folder, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise SystemExit(f"--compare: {folder} is not a run folder (no metrics.jsonl); give run "
+                         "folders (train.py --out_dir), or two result files (eval.py --out)")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    ends = {}   # eval_start.json, eval.json: {"avg@8": {data set: %}, "model": ...}
+    for name in ("eval_start.json", "eval.json"):
+        if os.path.isfile(os.path.join(folder, name)):
+            with open(os.path.join(folder, name)) as f:
+                ends[name] = next((k, v) for k, v in json.load(f).items() if k.startswith("avg@"))
+    keys = [k for k, _ in ends.values()]
+    keys += [k.removeprefix("eval_") for r in rows for k in r if k.startswith("eval_avg@")]
+    key = keys[0] if keys else None
+    points = {r["iter"]: r[f"eval_{key}"] for r in rows if f"eval_{key}" in r}
+    if "eval_start.json" in ends:
+        points[0] = ends["eval_start.json"][1]
+    if "eval.json" in ends and rows:   # the final weights: the last iteration's
+        points[rows[-1]["iter"]] = ends["eval.json"][1]
+    return dict(rows=rows, key=key, points=sorted(points.items()))
+
+
+def runs_table(runs, last=5):
+    """One line per run: its iterations, each data set's last avg@k (the change from iteration 0
+    in brackets), and its train reward and kl_k3 averaged over the last `last` iterations."""
+    sets = [n for r in runs.values() for _, v in r["points"] for n in v if n != "all"]
+    sets = list(dict.fromkeys(sets)) + ["all"]
+    w = max([12] + [len(n) for n in runs])              # the name column fits the longest name
+    cols = [max(15, len(table_name(n)) + 2) for n in sets]
+    head = "".join(f"{table_name(n):>{c}}" for n, c in zip(sets, cols))
+    lines = [f"{'run':<{w}}{'iters':>6}{'eval at':>8}{head}{'reward':>9}{'kl_k3':>9}"]
+    for name, r in runs.items():
+        rows, pts = r["rows"], r["points"]
+        at, end = pts[-1] if pts else ("-", {})
+        start = pts[0][1] if pts and pts[0][0] == 0 and at != 0 else {}
+        cells = ""
+        for n, c in zip(sets, cols):
+            cell = "-" if n not in end else f"{end[n]:.1f}"
+            if n in end and n in start:
+                cell += f" ({end[n] - start[n]:+.1f})"
+            cells += f"{cell:>{c}}"
+        tail = rows[-last:] or [{"reward_mean": math.nan, "kl_k3": math.nan}]
+        reward = sum(x["reward_mean"] for x in tail) / len(tail)
+        kl = sum(x["kl_k3"] for x in tail) / len(tail)
+        lines.append(f"{name:<{w}}{len(rows):>6}{at:>8}{cells}{reward:>9.3f}{kl:>9.4f}")
+    keys = "/".join(sorted({r["key"] for r in runs.values() if r["key"]})) or "avg@k"
+    lines.append(f"({keys} in %, held out: the run's last evaluation, at iteration 'eval at' "
+                 "(eval.json once the run finished), in brackets the change from iteration 0 "
+                 f"(eval_start.json); reward and kl_k3: train batch means over the last {last} "
+                 "iterations of metrics.jsonl)")
+    lines += [f"  {table_name(n)} = {n}" for n in sets if table_name(n) != n]
+    return "\n".join(lines)
+
+
+def plot_runs(runs, path):
+    """Train reward, held-out avg@k (all data sets) and kl_k3 against iteration, one colour per
+    run in all three panels (choice 5)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    handles = []
+    for c, (name, r) in enumerate(runs.items()):
+        its = [x["iter"] for x in r["rows"]]
+        (h,) = axes[0].plot(its, [x["reward_mean"] for x in r["rows"]], color=f"C{c}", lw=1.3)
+        handles.append(h)
+        pts = [(it, v["all"]) for it, v in r["points"] if "all" in v]
+        if pts:   # dotted when only the two ends were measured: nothing is known in between
+            axes[1].plot(*zip(*pts), color=f"C{c}", lw=1.3, marker="o", ms=3,
+                         ls=":" if len(pts) <= 2 else "-")
+        axes[2].plot(its, [x["kl_k3"] for x in r["rows"]], color=f"C{c}", lw=1.3)
+    keys = "/".join(sorted({r["key"] for r in runs.values() if r["key"]})) or "avg@k"
+    titles = ["train reward (reward_mean, batch mean)",
+              f"held-out {keys}, all data sets (%)\n"
+              "(0: eval_start.json, last: eval.json, between: --eval_every)",
+              "kl_k3: KL(mu || pi) per token\n(mean over the iteration's updates)"]
+    for ax, title in zip(axes, titles):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    if all(x["kl_k3"] > 0 for r in runs.values() for x in r["rows"]):
+        axes[2].set_yscale("log")   # KL spans decades: on a linear axis one spike flattens the rest
+    fig.legend(handles, list(runs), loc="lower center", ncol=min(4, len(runs)), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(runs) - 1) // 4), 1, 1))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(paths, plot):
+    """--compare: two result files -> the before/after table (run.sh's end); run folders -> the
+    runs' table, and their curves into `plot` (choice 5)."""
+    if len(paths) == 2 and all(os.path.isfile(p) for p in paths):
+        before, after = (json.load(open(f)) for f in paths)
+        print(compare_table({k: v for k, v in before.items() if k.startswith("avg@")},
+                            {k: v for k, v in after.items() if k.startswith("avg@")}))
+        return
+    runs = dict(zip(run_names(paths), map(read_run, paths)))
+    print(runs_table(runs))
+    plot_runs(runs, plot)
+    print(f"curves: {plot}")
+
+
 def main():
     p = argparse.ArgumentParser(description="avg@k on held-out problems")
     p.add_argument("--model", default="data/tiny/model", help="model folder (or hub name)")
@@ -111,13 +236,14 @@ def main():
                    help="vllm, or the transformers fallback")
     p.add_argument("--seed", type=int, default=1234, help="sampling seed")
     p.add_argument("--out", default="", help="also write the JSON result to this file")
-    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
-                   help="only print the before/after table of two result files (run.sh's end)")
+    p.add_argument("--compare", nargs="+", metavar="PATH",
+                   help="only compare: run folders (train.py --out_dir; a table and --plot's "
+                        "curves), or two result files BEFORE AFTER (run.sh's closing table)")
+    p.add_argument("--plot", default="out/compare.png",
+                   help="--compare with run folders: the figure's file")
     args = p.parse_args()
     if args.compare:
-        before, after = (json.load(open(f)) for f in args.compare)
-        print(compare_table({k: v for k, v in before.items() if k.startswith("avg@")},
-                            {k: v for k, v in after.items() if k.startswith("avg@")}))
+        compare(args.compare, args.plot)
         return
     if args.max_new_tokens >= args.max_model_len:
         p.error(f"--max_new_tokens={args.max_new_tokens}; accepted: fewer tokens than "

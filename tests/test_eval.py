@@ -1,11 +1,30 @@
 """eval.py: avg@k against a hand computation on the committed tiny model's samples; the command
-line's end-of-run table (run.sh prints it) and its refusal of a response budget that leaves the
-prompt no room (no model is loaded there). A few seconds."""
+line's end-of-run table (run.sh prints it), its comparison of run folders (table and figure) and
+its refusal of a response budget that leaves the prompt no room (no model is loaded there). A few
+seconds."""
 import json
 
 import pytest
 
-from conftest import PY, run
+from conftest import PY, ROOT, run
+
+# a metrics.jsonl row as train.py writes it (a real run's first row: every key it logs)
+REAL_ROW = json.loads((ROOT / "bench" / "results" / "smollm2" / "metrics.jsonl").open().readline())
+
+
+def write_run(folder, rewards, kls, evals, start=None, final=None, k=8):
+    """A run folder as train.py leaves it: metrics.jsonl (REAL_ROW's keys, these rewards and KLs,
+    eval_avg@k on the iterations in `evals`), eval_start.json and eval.json when given."""
+    folder.mkdir(parents=True)
+    rows = []
+    for it, (r, kl) in enumerate(zip(rewards, kls), 1):
+        rows.append(dict(REAL_ROW, iter=it, reward_mean=r, kl_k3=kl))
+        if it in evals:
+            rows[-1][f"eval_avg@{k}"] = evals[it]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for name, res in (("eval_start.json", start), ("eval.json", final)):
+        if res:
+            (folder / name).write_text(json.dumps({f"avg@{k}": res, "model": "m"}))
 
 
 def test_compare_prints_before_after_and_change(tmp_path):
@@ -20,6 +39,45 @@ def test_compare_prints_before_after_and_change(tmp_path):
     assert lines[2].split() == ["tiny-code", "31.2", "90.4", "+59.2"]     # 31.25 rounds to 31.2, 90.44 to 90.4
     assert lines[3].split() == ["all", "25.2", "74.2", "+49.0"]
     assert "{" not in proc.stdout, "the table replaces the raw JSON lines"
+
+
+def test_compare_run_folders_table_and_figure(tmp_path):
+    """eval.py --compare RUN_DIR RUN_DIR RUN_DIR: a finished run, an unfinished one (no eval.json)
+    and a second folder named like the first; one table line per run named by its folder, the
+    figure written."""
+    start = {"tiny-math": 25.0, "tiny-code": 30.0, "all": 26.0}
+    write_run(tmp_path / "a" / "kl-atomic-seed0", [i / 10 for i in range(1, 11)],
+              [i / 1000 for i in range(1, 11)], {5: {"tiny-math": 50.0, "tiny-code": 40.0, "all": 47.0}},
+              start=start, final={"tiny-math": 80.0, "tiny-code": 90.5, "all": 82.3})
+    write_run(tmp_path / "b" / "grpo-seed0", [0.2] * 6, [0.004] * 6,
+              {5: {"tiny-math": 61.0, "tiny-code": 35.5, "all": 58.0}})
+    write_run(tmp_path / "c" / "kl-atomic-seed0", [0.5, 0.7], [0.02, 0.03], {}, start=start,
+              final={"tiny-math": 30.0, "tiny-code": 31.0, "all": 30.4})
+    figure = tmp_path / "figs" / "cmp.png"
+    folders = [str(tmp_path / d) for d in ("a/kl-atomic-seed0", "b/grpo-seed0", "c/kl-atomic-seed0")]
+    proc, _ = run([PY, "eval.py", "--compare", *folders, "--plot", str(figure)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["run", "iters", "eval", "at", "tiny-math", "tiny-code", "all", "reward", "kl_k3"]
+    # last evaluation (eval.json at the last iteration), its change from eval_start.json, the train
+    # reward and kl_k3 over the last 5 iterations (0.6 ... 1.0, 0.006 ... 0.010)
+    assert lines[1].split() == ["a/kl-atomic-seed0", "10", "10", "80.0", "(+55.0)", "90.5", "(+60.5)",
+                                "82.3", "(+56.3)", "0.800", "0.0080"]
+    assert lines[2].split() == ["b/grpo-seed0", "6", "5", "61.0", "35.5", "58.0", "0.200", "0.0040"]
+    assert lines[3].split() == ["c/kl-atomic-seed0", "2", "2", "30.0", "(+5.0)", "31.0", "(+1.0)",
+                                "30.4", "(+4.4)", "0.600", "0.0250"]
+    assert lines[4].startswith("(avg@8 in %") and lines[-1] == f"curves: {figure}"
+    assert "before" not in proc.stdout and "after" not in proc.stdout
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 20_000
+
+
+def test_compare_refuses_a_folder_that_holds_no_run(tmp_path):
+    write_run(tmp_path / "run", [0.5], [0.01], {})
+    (tmp_path / "empty").mkdir()
+    proc, _ = run([PY, "eval.py", "--compare", str(tmp_path / "run"), str(tmp_path / "empty"),
+                   "--plot", str(tmp_path / "x.png")], timeout=120)
+    assert proc.returncode != 0 and "empty is not a run folder (no metrics.jsonl)" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "x.png").exists()
 
 
 def test_compare_names_reasoning_gym_sets_readably_and_stays_aligned():
