@@ -61,6 +61,34 @@ def test_probe_equals_a_forward_pass_by_hand(rare):
         assert right < 0.1 and min(others) > 3 * right, got
 
 
+def test_probe_reads_the_policy_at_head_precision(rare):
+    """--head_precision reaches the probe: at bf16 its numbers are the bf16 head's by hand (the
+    decoder's last hidden state and the LM head rounded to bf16, float32 softmax), not fp32's.
+    The premise is checked: on these rows the two precisions differ by more than the tolerance."""
+    probe = ProbeRun("letters", rare.rows, rare.tok, rare.tok.pad_token_id)
+    got = probe.measure(rare.model, CPU, micro_batch_size=7, head_precision="bf16")
+    prefix = rare.tok("\\boxed{", add_special_tokens=False)["input_ids"]
+    head = rare.model.get_output_embeddings().weight
+    hand = {"bf16": {}, "fp32": {}}
+    with torch.no_grad():
+        for row in rare.rows:
+            ids = torch.tensor([row["prompt_ids"] + prefix])
+            h = rare.model.model(input_ids=ids).last_hidden_state[0, -1]
+            logits = {"bf16": (h.bfloat16() @ head.bfloat16().t()).float(), "fp32": h @ head.t()}
+            letters = sorted(row["problem"][4:11].split(", "))
+            for precision, x in logits.items():
+                p = x.log_softmax(-1).exp()
+                for rule, letter in (("right", row["ground_truth"]), ("smallest", letters[0]),
+                                     ("middle", letters[1]), ("largest", letters[2])):
+                    hand[precision].setdefault(row["problem"][:3], {}).setdefault(rule, []).append(
+                        p[rare.tok.convert_tokens_to_ids(letter)].item())
+    mean = {pr: {(k, r): sum(ps) / len(ps) for k, rules in t.items() for r, ps in rules.items()}
+            for pr, t in hand.items()}
+    off = max(abs(got[k][r] - p) for (k, r), p in mean["bf16"].items())
+    apart = max(abs(p - mean["fp32"][kr]) for kr, p in mean["bf16"].items())
+    assert off < 1e-5 < 5e-5 < apart, (off, apart)
+
+
 def test_probe_refuses_rows_and_answers_it_cannot_read(rare):
     row = dict(rare.rows[0], id="x-1", problem="max(1, 2, 3) = ?\n")
     with pytest.raises(ValueError, match=r"x-1.*'max\(a, b, c\) = \?'"):
