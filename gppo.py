@@ -3,7 +3,7 @@ GPPO: the {Divergence x Estimator} proximal region as a policy loss, plus the pa
 
 Pure math: tensors in, (loss, stats) out. The paper is "Generalized Proximal Policy Optimization"
 (Cai et al., arXiv 2610.13015); equation and section numbers below are its own. `python gppo.py`
-prints every cell's region at a few mu (and the alpha family's, `alpha:A`);
+prints every cell's region at a few mu (and the alpha family's, `alpha:A`; bench/regions.py);
 `python bench/plot_regions.py` plots them against mu (out/gppo_regions.png).
 
 Choices, in the order a reader meets them:
@@ -292,7 +292,8 @@ def _stats(valid, log_r, old, d=None, **clipped):
 def gppo_loss(logp, old_logp, advantages, mask, divergence, estimator, delta=None,
               ratio_bounds=(0.5, 10.0), dual_clip=10.0, agg="token-mean", global_count=None):
     """logp, old_logp, mask: (B, T); advantages: (B,) or (B, T). Returns (scalar loss, stats)."""
-    delta = check_config(divergence, estimator, delta, ratio_bounds, dual_clip, agg)
+    # the settings were checked once at parse time (check_config, infra/flags.py)
+    delta = float(default_delta(divergence) if delta is None else delta)
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()                                         # (B, T), with gradient
     with torch.no_grad():
@@ -310,48 +311,6 @@ def gppo_loss(logp, old_logp, advantages, mask, divergence, estimator, delta=Non
     return loss, _stats(valid, log_r, old, d, clip_frac=clipped, clip_frac_upper=upper,
                         clip_frac_lower=lower, clip_frac_bounds=bounds, clip_frac_dual=dual)
 
-
-def _bisect(inside, near, far, iters=64):
-    """Vectorised bisection between `near` (inside the region) and `far` (outside); returns near."""
-    for _ in range(iters):
-        mid = (near + far) / 2
-        ok = inside(mid)
-        near, far = torch.where(ok, mid, near), torch.where(ok, far, mid)
-    return near
-
-
-# Closed-form inverse of |f(r)| <= c (c = delta for mc, delta/mu for atomic), for proximal_bounds.
-SUBLEVEL = {"tv": lambda c: (1 - 2 * c, 1 + 2 * c),
-            "chi2": lambda c: (1 - c.sqrt(), 1 + c.sqrt()),
-            "kl": lambda c: ((-c).exp(), c.exp()),
-            "hellinger": lambda c: ((1 - c.sqrt()).clamp(min=0) ** 2, (1 + c.sqrt()) ** 2)}
-
-
-def proximal_bounds(old_logp, divergence, estimator, delta=None, ratio_bounds=(0.5, 10.0)):
-    """Per-token (low, high) of {r > 0 : |D(r)| <= delta} (intersected with ratio_bounds), float64.
-    Closed form for the mc/atomic cells of SUBLEVEL's divergences and for tv-binary; otherwise
-    bisection on log r in [-100, 100] (binary: r <= 1/mu, as pi <= 1), valid as D is convex in r
-    with D(1) = 0. A region reaching past e^-100 reports low = 0. For tests and plots, not the
-    loss."""
-    delta = check_config(divergence, estimator, delta, ratio_bounds)
-    old = old_logp.detach().double()
-    mu = old.exp()
-    if estimator != "binary" and divergence in SUBLEVEL:
-        c = delta / mu if estimator == "atomic" else torch.full_like(mu, delta)
-        low, high = SUBLEVEL[divergence](c)
-    elif (divergence, estimator) == ("tv", "binary"):       # |pi - mu| <= delta
-        low, high = 1 - delta / mu, torch.minimum(1 + delta / mu, 1 / mu)
-    else:
-        def inside(x):
-            return estimate(x, old, divergence, estimator) <= delta
-        zero = torch.zeros_like(old)
-        top = (-old).clamp(max=100) if estimator == "binary" else zero + 100
-        high = torch.where(inside(top), top, _bisect(inside, zero, top)).exp()
-        low = torch.where(inside(zero - 100), -math.inf, _bisect(inside, zero, zero - 100)).exp()
-    low = low.clamp(min=0)
-    if ratio_bounds is not None:
-        low, high = low.clamp(min=ratio_bounds[0]), high.clamp(max=ratio_bounds[1])
-    return low, high
 
 # -----------------------------------------------------------------------------
 # The paper's other baselines (section 4.1) and two newer refinements of DPPO's and PPO's regions
@@ -518,23 +477,9 @@ BASELINES = {"gspo": gspo_loss, "gmpo": gmpo_loss, "sapo": sapo_loss, "cispo": c
              "clip_cov": clip_cov_loss, "drpo": drpo_loss, "dgpo": dgpo_loss}
 
 # -----------------------------------------------------------------------------
-# `python gppo.py`: the region of every cell at the default delta, as a table (the plot of them
-# against mu is bench/plot_regions.py's, so this module needs no plotting library).
+# `python gppo.py` prints every cell's region at a few mu: the table, and the bisection it needs,
+# live beside the plot in bench/regions.py (not on the training path).
 
 if __name__ == "__main__":
-    import argparse
-    argparse.ArgumentParser(description="Print every cell's proximal region at a few mu (plot: "
-                            "python bench/plot_regions.py).").parse_args()
-    mus = [0.99, 0.9, 0.5, 0.1, 0.01, 0.001]
-    old = torch.tensor(mus).log()
-    print("region [low, high] of r = pi/mu at the default delta (ratio_bounds off)")
-    print(f"{'cell':<17}{'delta':>9}  " + "".join(f" {'mu=' + str(m):^22}" for m in mus))
-    for div in [*DIVERGENCES, "alpha:0.5", "alpha:3"]:
-        for est in ESTIMATORS:
-            low, high = proximal_bounds(old, div, est, ratio_bounds=None)
-            cells = "".join(f" {f'[{lo:.4g}, {hi:.4g}]':^22}"
-                            for lo, hi in zip(low.tolist(), high.tolist()))
-            print(f"{div + '-' + est:<17}{default_delta(div):>9.5g}  {cells}")
-    print(f"any alpha:A works, |A| <= {ALPHA_MAX:g} (e.g. --divergence alpha:-1): alpha:2 has "
-          f"chi2's regions, alpha:0.5 hellinger's; alpha:1 and alpha:0 are the KL limits "
-          f"r log r - r + 1 and r - 1 - log r")
+    from bench.regions import main
+    main()

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gppo  # noqa: E402
+from bench.regions import proximal_bounds  # noqa: E402
 
 
 def plot(divergences, out):
@@ -30,7 +31,7 @@ def plot(divergences, out):
                              squeeze=False)
     for ax, div in zip(axes.flat, divergences):
         for est, color in zip(gppo.ESTIMATORS, ("tab:blue", "tab:orange", "tab:green")):
-            low, high = gppo.proximal_bounds(mu.log(), div, est, ratio_bounds=None)
+            low, high = proximal_bounds(mu.log(), div, est, ratio_bounds=None)
             ax.plot(mu, high, color=color, label=est)
             ax.plot(mu, low, color=color, ls="--")
         ax.axhline(1, color="grey", lw=0.5)

@@ -3,8 +3,9 @@ micro-batching and the process count do not change which tokens it clips (gppo.c
 
 1. A no-grad pass over the mini-batch's passes gives the centre (mean log-prob and advantage) and
    each rank's candidates (gppo.clip_cov_candidates).
-2. k = max(1, clip_ratio x N) of all ranks' candidates are drawn by a generator seeded alike on
-   every rank; each rank keeps the draws that fall on its own candidates.
+2. k = max(1, clip_ratio x N) of all ranks' candidates are drawn by gppo.clip_cov_draw (the draw
+   the loss makes on a single batch) with a generator seeded alike on every rank; each rank keeps
+   the draws that fall on its own candidates.
 """
 import inspect
 
@@ -37,10 +38,9 @@ def clip_cov_selection(args, run, samples, passes, seed):
                                       kw["cov_high"]) & m for lp, o, a, m in parts]
     flat = torch.cat([c.flatten() for c in cands]).cpu()                 # this rank's, in order
     counts = acc.gather(flat.sum().view(1).to(acc.device)).tolist()      # every rank's number
-    drawn = torch.zeros(sum(counts), dtype=torch.bool)
-    k = min(max(1, int(kw["clip_ratio"] * n)), sum(counts))
-    order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed))
-    drawn[order[:k]] = True
+    # gppo.clip_cov_draw over every rank's candidates at once (the same draw on every rank)
+    drawn = gppo.clip_cov_draw(torch.ones(sum(counts), dtype=torch.bool), n, kw["clip_ratio"],
+                               torch.Generator().manual_seed(seed))
     rank = acc.process_index
     detach = torch.zeros_like(flat)
     detach[flat.nonzero().squeeze(1)[drawn[sum(counts[:rank]):sum(counts[:rank + 1])]]] = True

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # gppo.py lives at the repo root
 import gppo  # noqa: E402
+from bench.regions import proximal_bounds
 
 CELLS = [(d, e) for d in gppo.DIVERGENCES for e in gppo.ESTIMATORS]
 # the alpha family (gppo.FAMILIES) at a few parameters: r^a's overflow for a > 1, +inf at r = 0 for a < 0
@@ -149,7 +150,7 @@ def test_methods_are_cells():
 def test_bounds_agree_with_mask(div, est):
     """On a dense ratio grid, a token is clipped by the loss exactly when proximal_bounds says so."""
     mus = torch.tensor([0.999, 0.9, 0.5, 0.1, 0.01, 1e-3, 1e-4])
-    low, high = gppo.proximal_bounds(mus.log(), div, est, ratio_bounds=None)
+    low, high = proximal_bounds(mus.log(), div, est, ratio_bounds=None)
     assert (low < 1).all() and (high > 1).all()                     # every region contains r = 1
     x = torch.linspace(-19, 19, 1901, dtype=torch.float64)            # log r; inside the +-20 clamp
     x = x[None, :].clamp(max=-mus.double().log()[:, None])           # binary: pi <= 1
@@ -166,7 +167,7 @@ def test_bounds_agree_with_mask(div, est):
 
 @pytest.mark.parametrize("div,high", [("tv", 1.2), ("chi2", 1.2), ("kl", 1.25), ("hellinger", 1.2223)])
 def test_default_delta_calibrates_mc(div, high):
-    low, hi = gppo.proximal_bounds(torch.tensor([-0.5]), div, "mc", ratio_bounds=None)
+    low, hi = proximal_bounds(torch.tensor([-0.5]), div, "mc", ratio_bounds=None)
     assert low.item() == pytest.approx(0.8, abs=1e-9) and hi.item() == pytest.approx(high, abs=5e-5)
 
 
@@ -174,7 +175,7 @@ def test_default_deltas():
     want = {"tv": 0.1, "chi2": 0.04, "hellinger": 0.011146, "kl": 0.22314}
     for div, delta in want.items():
         assert gppo.default_delta(div) == pytest.approx(delta, rel=1e-4)
-    low, _ = gppo.proximal_bounds(torch.tensor([-1.0]), "js", "mc", ratio_bounds=None)
+    low, _ = proximal_bounds(torch.tensor([-1.0]), "js", "mc", ratio_bounds=None)
     assert low.item() == pytest.approx(0.8, abs=1e-9)                 # js is calibrated by bisection too
     # alpha:a: |f_a(0.8)| = |0.8^a - 0.8 a + a - 1| / |a (a - 1)|; a = 1, 0: the two KLs' limits
     for a in (-1.0, 0.5, 2.0, 3.0, -3.0, 7.0):
@@ -182,7 +183,7 @@ def test_default_deltas():
     assert gppo.default_delta("alpha:1") == pytest.approx(0.8 * math.log(0.8) - 0.8 + 1)
     assert gppo.default_delta("alpha:0") == pytest.approx(0.8 - 1 - math.log(0.8))
     for a in ALPHAS:
-        low, _ = gppo.proximal_bounds(torch.tensor([-1.0]), a, "mc", ratio_bounds=None)
+        low, _ = proximal_bounds(torch.tensor([-1.0]), a, "mc", ratio_bounds=None)
         assert low.item() == pytest.approx(0.8, abs=1e-9), a
 
 
@@ -222,7 +223,7 @@ def test_alpha_regions_equal_named(a, named, est):
     """f_2 = chi2 / 2 and f_0.5 = 2 hellinger: default_delta scales by the same factor, so every
     cell's region is the named divergence's: the same bounds and the same tokens clipped."""
     mus = torch.logspace(-6, math.log10(0.999), 200, dtype=torch.float64)
-    got, want = (gppo.proximal_bounds(mus.log(), d, est, ratio_bounds=None) for d in (a, named))
+    got, want = (proximal_bounds(mus.log(), d, est, ratio_bounds=None) for d in (a, named))
     for g, w in zip(got, want):
         assert g.tolist() == pytest.approx(w.tolist(), rel=1e-9, abs=1e-12)
     logp, old, adv, mask = batch(5, **CELL_BATCH, spread=1.0)
@@ -242,7 +243,7 @@ def test_binary_complement_near_mu_one():
 
 
 def test_bounds_intersect_ratio_bounds():
-    low, high = gppo.proximal_bounds(torch.tensor([math.log(1e-3)]), "kl", "atomic")
+    low, high = proximal_bounds(torch.tensor([math.log(1e-3)]), "kl", "atomic")
     assert (low.item(), high.item()) == (0.5, 10.0)
 
 
@@ -324,7 +325,7 @@ def test_binary_bounds_match_oracle(div):
     """gppo.proximal_bounds (bisection on gppo's own D) finds the oracle's bounds, on a dense mu grid."""
     delta = PLAIN_DELTA[div]
     mus = torch.logspace(-6, math.log10(0.999), 400, dtype=torch.float64)
-    low, high = gppo.proximal_bounds(mus.log(), div, "binary", delta=delta, ratio_bounds=None)
+    low, high = proximal_bounds(mus.log(), div, "binary", delta=delta, ratio_bounds=None)
     want = [oracle_bounds(div, mu, delta) for mu in mus.tolist()]
     assert low.tolist() == pytest.approx([lo for lo, _ in want], rel=1e-9, abs=1e-12)
     assert high.tolist() == pytest.approx([hi for _, hi in want], rel=1e-9)
@@ -596,10 +597,11 @@ def test_micro_batches_sum_to_whole_batch(seed, agg, cell, sizes):
     (dict(ratio_bounds=(0.5, 0.9)), "0.9"), (dict(ratio_bounds=(0.9, 0.5)), "0.9"),
     (dict(dual_clip=1.0), "1.0"), (dict(dual_clip=0.5), "0.5")])
 def test_bad_config_raises(kw, bad):
-    logp, old, adv, mask = batch(0, B=2, T=3)
+    """check_config, which train.py runs once at parse time (infra/flags.py) instead of on every
+    loss call, refuses each of gppo_loss's settings, naming the value."""
     args = dict(divergence="tv", estimator="mc") | kw
     with pytest.raises(ValueError, match=bad.replace(".", r"\.")):
-        gppo.gppo_loss(logp, old, adv, mask, **args)
+        gppo.check_config(**args)
 
 
 @pytest.mark.parametrize("name,says", [
@@ -610,7 +612,7 @@ def test_bad_divergence_names(name, says):
     """check_config (what train.py calls at load time) refuses each, naming the value and what is
     accepted; so do the other entry points."""
     for call in (lambda: gppo.check_config(name, "mc"), lambda: gppo.default_delta(name),
-                 lambda: gppo.proximal_bounds(torch.tensor([-1.0]), name, "atomic"),
+                 lambda: proximal_bounds(torch.tensor([-1.0]), name, "atomic"),
                  lambda: gppo.estimate(torch.zeros(1), torch.zeros(1), name, "binary")):
         with pytest.raises(ValueError) as e:
             call()
@@ -623,7 +625,7 @@ def test_bad_names_elsewhere_raise():
     with pytest.raises(ValueError, match="renyi"):
         gppo.default_delta("renyi")
     with pytest.raises(ValueError, match="topk"):
-        gppo.proximal_bounds(torch.tensor([-1.0]), "tv", "topk")
+        proximal_bounds(torch.tensor([-1.0]), "tv", "topk")
 
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")

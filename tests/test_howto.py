@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gppo  # noqa: E402
+from bench.regions import proximal_bounds
 import train  # noqa: E402
 from gppo import _prepare, _stats, aggregate  # noqa: E402  (what the how-to's baseline imports)
 
@@ -47,7 +48,7 @@ def test_add_a_divergence(monkeypatch):
     logp, old, adv, mask = batch(0)
     for est in gppo.ESTIMATORS:
         # the mask the loss uses agrees with the region's bounds (bisected for binary)
-        low, high = gppo.proximal_bounds(old, "neyman", est, ratio_bounds=None)
+        low, high = proximal_bounds(old, "neyman", est, ratio_bounds=None)
         p = logp.clone().requires_grad_(True)
         loss, stats = gppo.gppo_loss(p, old, adv, mask, "neyman", est, ratio_bounds=None, dual_clip=None)
         loss.backward()
@@ -95,8 +96,8 @@ def test_divergence_with_a_parameter(monkeypatch):
     assert gppo.default_delta("alpha:0.5") == pytest.approx(2 * gppo.default_delta("hellinger"))
     logp, old, adv, mask = batch(2)
     for est in gppo.ESTIMATORS:
-        low, high = gppo.proximal_bounds(old, "alpha:0.5", est, ratio_bounds=None)
-        h_low, h_high = gppo.proximal_bounds(old, "hellinger", est, ratio_bounds=None)
+        low, high = proximal_bounds(old, "alpha:0.5", est, ratio_bounds=None)
+        h_low, h_high = proximal_bounds(old, "hellinger", est, ratio_bounds=None)
         torch.testing.assert_close(low, h_low, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(high, h_high, rtol=1e-9, atol=1e-12)
         p = logp.clone().requires_grad_(True)
@@ -123,7 +124,7 @@ def test_divergence_with_a_parameter(monkeypatch):
         f = gppo.get_divergence(f"chi:{k}")
         assert not torch.isnan(f(r)).any() and (f(r) >= 0).all() and f(torch.ones(1, dtype=torch.float64)) == 0
     for est in gppo.ESTIMATORS:                               # chi:2 is chi2
-        for got, want in zip(gppo.proximal_bounds(old, "chi:2", est), gppo.proximal_bounds(old, "chi2", est)):
+        for got, want in zip(proximal_bounds(old, "chi:2", est), proximal_bounds(old, "chi2", est)):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match=r"'chi:0\.5'.*\[1, 10\], got 0\.5"):
         gppo.check_config("chi:0.5", "mc")
