@@ -16,8 +16,11 @@ Design choices:
 1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
    trainer's process: math answers go to worker processes (infra/workers.py), programs to
    sandboxes (infra/sandbox.py).
-2. Math is judged by math-verify (parse + verify, gold first) on the last \\boxed{...} or the
-   last DAPO-style `Answer: ...` line in the tail of the completion.
+2. Math is judged by math-verify (parse + verify, gold first) on the final answer in the tail of
+   the completion: whichever comes last of its final boxed answer (choice 10), a DAPO-style
+   `Answer: ...` line, or a final-answer sentence anywhere in a line where math follows
+   (Minerva's "Final Answer: The final answer is $X$. I hope it is correct."), so the sentence
+   wins over an earlier intermediate \\boxed{}.
 3. math-verify's own timeout (signal.alarm) cannot stop sympy stuck in C (exponent towers), so
    the worker running it is killed and replaced past a hard wall-clock limit; obvious towers and
    huge exponents are rejected before sympy sees them.
@@ -43,6 +46,31 @@ Design choices:
    the same clean-up and with runs of whitespace made one space. It is case-sensitive: exactness
    is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more
    entry.
+10. Several boxes in a row are one answer: the last \\boxed{} with the boxes just before it that
+   only spacing, punctuation, "and"/"or" or math delimiters separate from it, joined by ", "
+   ("\\boxed{(1,2)}, \\boxed{(2,1)}" is "(1,2), (2,1)"); any other word ends the run ("\\boxed{56}
+   wait, no: \\boxed{57}" is 57). MATH ground truths are read the same way (data/loaders.py). A
+   completion that boxes every candidate gives a list, which matches no single gold: it scores 0.
+11. Answer forms, decided one way each (tests/test_reward.py tests each both ways; measured in
+   bench/verifier_agreement.py). False positives (a wrong answer rewarded) are worse than false
+   negatives, so where a reading is ambiguous it is the stricter one. Rewritten before
+   math-verify, in answer and gold alike: thousands separated by a space or thin space
+   ("1 000", "1\\,000", "12,\\!000") are one number; "1 1/2" is the mixed number 3/2; where the
+   gold has a lone i, i is the imaginary unit on both sides ("i(2-i)" is 1+2i; math-verify reads
+   i as a variable). The policies:
+   1. a bare comma list is a set ("2, 1" is "1, 2": the roots of an equation, as MATH asks for
+      them); a tuple in brackets is ordered. hendrycks/math's own test wants "10, 4, -2" and
+      "4, 10, -2" unequal, but MATH writes ordered answers as tuples: of its test split's bare
+      lists, 3 ask for the values in an order ("least to greatest"), where the right values in
+      another order score 1;
+   2. a unit after a number is dropped (math-verify's list: "10m", "10\\text{ cm}" are 10); a
+      letter that is a variable is not ("10x" is not 10);
+   3. no rounding tolerance of our own: a decimal matches an exact value only to math-verify's
+      6 decimal places (125.663706 is 40\\pi, 125.663 is not);
+   4. a gold that is a clock time ("\\text{4:30 p.m.}") is compared as a time, not by math-verify
+      (which reads 4:30 as the ratio 2:15): hours and minutes equal, a.m./p.m. equal or missing;
+   5. no decimal commas: a comma between digits separates thousands ("1,000") or list items
+      ("1,5" is the set {1, 5}, not 1.5).
 """
 import concurrent.futures
 import dataclasses
@@ -66,7 +94,18 @@ CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
 
 # ------------------------------------------------------------------------------------ math
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# What may stand between the boxes of one answer (choice 10): "\boxed{1}, \boxed{2}",
+# "$\boxed{1}$ and $\boxed{2}$", "\boxed{1} \quad \text{or} \quad \boxed{2}"; any other word
+# ("wait, no:") ends the run, so only the last box counts.
+_BETWEEN_BOXES = re.compile(r"(?:\s|[,;~&$]|\\[()\[\],;! ]|\\q?quad\b|\\\\|\b(?:and|or)\b"
+                            r"|\\(?:text|mbox|textrm|mathrm)\s*\{\s*(?:and|or|,)?\s*\})*")
 _ANSWER_LINE = re.compile(r"(?im)^[ \t>*#]*(?:final[ \t]+)?answer[ \t]*:(.*)$")
+# Minerva's closing sentence, anywhere in a line (choice 2): "Final Answer: The final answer is
+# $10,455$. I hope it is correct." Only where math follows: "The final answer is positive,
+# because ..." is prose after the real (boxed) answer.
+_FINAL_SENTENCE = re.compile(r"(?im)\b(?:final[ \t]+answer[ \t]*:|the[ \t]+final[ \t]+answer"
+                             r"[ \t]+is\b[ \t]*:?)[ \t]*(?=[-+$\\\d(\[{.]|the[ \t]+final)(.*)$")
+_SENTENCE_WORDS = re.compile(r"(?i)^\s*the final answer is\b\s*:?|[.\s]*\bI hope it is correct.*$")
 
 
 def _group(s, i):
@@ -79,23 +118,52 @@ def _group(s, i):
     return None
 
 
-def extract_answer(completion):
-    """The last \\boxed{...} or `Answer: ...` line in the tail, or None."""
-    text, answer, pos = completion[-MATH_TAIL_CHARS:], None, -1
+def boxed_answers(text):
+    """Every non-empty \\boxed{...} (or \\fbox{...}) of text with balanced braces, in order, as
+    (start, end, inside); a box inside a box is part of the outer one."""
+    found = []
     for m in _BOXED.finditer(text):
+        if found and m.start() < found[-1][1]:
+            continue
         inner = _group(text, m.end() - 1)
-        if inner is not None:
-            answer, pos = inner, m.start()
-    for m in _ANSWER_LINE.finditer(text):
-        if m.start() > pos:  # a later Answer line wins; "Answer: \boxed{5}" is boxed (later)
-            answer, pos = m.group(1), m.start()
-    return _clean(answer) if answer else None
+        if inner is not None and inner.strip():
+            found.append((m.start(), m.end() + len(inner) + 1, inner.strip()))
+    return found
+
+
+def final_boxed(text):
+    """The final boxed answer of text, (start, answer) or None: the last box and the boxes just
+    before it that only spacing, punctuation, "and"/"or" or math delimiters separate from it,
+    joined by ", " (choice 10). data/loaders.py reads MATH ground truths with it too."""
+    boxes = boxed_answers(text)
+    if not boxes:
+        return None
+    run = boxes[-1:]
+    for box in reversed(boxes[:-1]):
+        if not _BETWEEN_BOXES.fullmatch(text, box[1], run[0][0]):
+            break
+        run.insert(0, box)
+    return run[0][0], ", ".join(inner for _, _, inner in run)
+
+
+def extract_answer(completion):
+    """The final answer in the tail of a completion, or None: the last of its final boxed answer,
+    `Answer: ...` lines and final-answer sentences (choice 2)."""
+    text = completion[-MATH_TAIL_CHARS:]
+    found = [final_boxed(text)]
+    found += [(m.start(), m.group(1)) for m in _ANSWER_LINE.finditer(text)]
+    found += [(m.start(), m.group(1)) for m in _FINAL_SENTENCE.finditer(text)]
+    # the latest wins; "Answer: \boxed{5}" is boxed (its box starts later)
+    _, answer = max((f for f in found if f), default=(-1, None))
+    return _clean(_SENTENCE_WORDS.sub("", answer)) if answer else None
 
 
 def _clean(answer):
-    """Emphasis, $..$ and a final full stop off an answer (**56**, $56$, 56.); "" if nothing is
-    left."""
-    return answer.strip(" \t*$").rstrip(".").strip(" \t*$")
+    """Emphasis, $..$, \\(..\\) and a final full stop off an answer (**56**, $56$, 56.); "" if
+    nothing is left."""
+    answer = answer.strip(" \t*$").rstrip(".").strip(" \t*$")
+    math = re.fullmatch(r"\\[(\[](.*)\\[)\]]", answer, re.S)
+    return math[1].strip() if math and not re.search(r"\\[()\[\]]", math[1]) else answer
 
 
 def _pathological(answer):
@@ -145,9 +213,41 @@ def _math_gold(ground_truth):
     return gold
 
 
+# Number forms math-verify misreads (choice 11), rewritten in answer and gold alike.
+_MIXED = re.compile(r"(?<![\d.,])(\d+)[ \t]+(\d+)[ \t]*/[ \t]*(\d+)(?![\d.])")  # 1 1/2
+_GROUPED = re.compile(  # 1 000, 1\,000, 1{,}000, 12,\!000: thousands separated by a space
+    r"(?<![\d.,])[1-9]\d{0,2}(?:(?:[ \t\u2009\u202f~]|\\[,;: !]|\{,\}|,\\!)\d{3})+(?![\d])")
+_LONE_I = re.compile(r"(?<![\\A-Za-z])i(?![A-Za-z])")  # the imaginary unit, not \pi, \sin, \infty
+# A clock time (choice 11, policy 4): 4:30, 12:05 p.m., \text{4:30 p.m.}
+_CLOCK = re.compile(r"(\d{1,2}):(\d\d)\s*(?:([ap])\.?\s*m\.?)?")
+_TEXT_WRAP = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{([^{}]*)\}")
+
+
+def _number_forms(s):
+    s = _MIXED.sub(lambda m: f"{m[1]}\\frac{{{m[2]}}}{{{m[3]}}}" if int(m[2]) < int(m[3])
+                   else m[0], s)
+    return _GROUPED.sub(lambda m: re.sub(r"\D", "", m[0]), s)
+
+
+def _clock(s):
+    """(hours, minutes, 'a' | 'p' | None) if s is a clock time and nothing else, else None."""
+    m = _CLOCK.fullmatch(_TEXT_WRAP.sub(r"\1", s).strip(" $").lower())
+    return m and (int(m[1]), int(m[2]), m[3])
+
+
 def _math_judge(answer, gold, timeout):
-    """math-verify's verdict, from a killable checker worker (choice 3)."""
-    return 0.0 if _pathological(answer) else pool.verdict("math", gold, answer, timeout)
+    """math-verify's verdict, from a killable checker worker (choice 3), on the answer and gold
+    in the forms it reads (choice 11)."""
+    if _pathological(answer):
+        return 0.0
+    clock = _clock(gold)
+    if clock:  # a time is not a ratio: 2:15 is not 4:30; a missing a.m./p.m. is not wrong
+        got = _clock(answer)
+        return float(bool(got) and got[:2] == clock[:2] and got[2] in (None, clock[2]))
+    answer, gold = _number_forms(answer), _number_forms(_clean(gold))  # MATH boxes "1 + i."
+    if _LONE_I.search(gold):  # a complex gold: i is sympy's I in both (math-verify: a symbol)
+        answer, gold = _LONE_I.sub("I", answer), _LONE_I.sub("I", gold)
+    return pool.verdict("math", gold, answer, timeout)
 
 
 def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):

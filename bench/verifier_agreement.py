@@ -32,6 +32,7 @@ against it.
 import argparse
 import collections
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import reward  # noqa: E402
 from data import loaders  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "math_equivalence"
+TIMEOUT = 10.0  # seconds per item: the 5 s default times parses out on a busy 2-core machine
 
 
 def completion(prediction):
@@ -48,11 +50,11 @@ def completion(prediction):
     return prediction if "\\boxed" in prediction or "\n" in prediction else "Answer: " + prediction
 
 
-def ground_truth(gold):
+def ground_truth(gold, problem=""):
     """Choice 2: the loader's ground truth of a solution, the gold itself otherwise; None if the
     math task refuses it."""
     if "\\boxed" in gold:
-        row = loaders._hendrycks_math({"problem": "", "solution": gold}, 0)
+        row = loaders._hendrycks_math({"problem": problem, "solution": gold}, 0)
         return row[2] if row else None
     try:
         return reward.get_task("math").check(gold)
@@ -71,7 +73,7 @@ def agree_on(rows, source, show, workers):
         golds = [ground_truth(r["gold"]) for r in rows]
         kept = [(r, g) for r, g in zip(rows, golds) if g is not None]
         got = reward.score("math", [completion(r["prediction"]) for r, _ in kept],
-                           [g for _, g in kept], workers=workers)
+                           [g for _, g in kept], workers=workers, timeout=TIMEOUT)
         stats = collections.Counter()
         for (r, g), s in zip(kept, got):
             kind = "solution" if completion(r["prediction"]) == r["prediction"] or \
@@ -103,8 +105,60 @@ def main(argv=None):
         agreement(args.show, args.workers)
 
 
+def last_box(text):
+    """The previous rule (data/loaders.py before multi-box answers): the inside of the last
+    \\boxed{...} or \\fbox{...} with balanced braces, None if there is none."""
+    found = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        inner = reward._group(text, m.end() - 1)
+        found = inner.strip() if inner is not None else found
+    return found
+
+
 def ground_truths(path, show, workers):
-    raise NotImplementedError
+    rows = [json.loads(line) for line in open(path)]
+    changed, refused, scored = collections.defaultdict(list), collections.Counter(), []
+    for i, r in enumerate(rows):
+        solution = r.get("solution") or r["answer"]  # ECM's copy keeps the solution in "answer"
+        ident = r.get("unique_id", f"row {i}")
+        old = last_box(solution)
+        old = None if old is None else ground_truth(old)
+        new = ground_truth(solution, r.get("problem") or r.get("question") or "")
+        refused["old"] += old is None
+        refused["new"] += new is None
+        if new is not None:
+            scored.append((ident, solution, new, r.get("answer") if "solution" in r else None))
+        if old != new:
+            changed[ident] = (old, new)
+    # A joined ground truth where the old (last) box still scores 1 holds one value twice
+    same = reward.score("math", ["Answer: " + (o or "") for o, _ in changed.values()],
+                        [n or "0" for _, n in changed.values()], workers=workers, timeout=TIMEOUT)
+    kinds = collections.defaultdict(list)
+    for (ident, (old, new)), s in zip(changed.items(), same):
+        kinds["several boxes, one value in two forms (the last box alone still scores 1)" if s
+              else "several boxes, distinct answers (the last box alone now scores 0)"
+              if old and new else "other"].append((ident, old, new))
+    print(f"{path}: {len(rows)} rows; ground truths refused by the math check: "
+          f"{refused['old']} under the last-box rule, {refused['new']} now")
+    print(f"  ground truths that change: {len(changed)}")
+    for kind, items in kinds.items():
+        ident, old, new = items[0]
+        print(f"    {kind}: {len(items)}, e.g. {ident}: {old!r} -> {new!r}")
+        for ident, old, new in items[1:] if show else []:
+            print(f"      {ident}: {old!r} -> {new!r}")
+    got = reward.score("math", [s for _, s, _, _ in scored], [g for _, _, g, _ in scored],
+                       workers=workers, timeout=TIMEOUT)
+    print(f"  solutions scoring 1 against their own ground truth: {int(sum(got))}/{len(got)}")
+    for (ident, _, gold, _), s in zip(scored, got):
+        if s != 1.0:
+            print(f"    scores 0: {ident}: {gold!r}")
+    column = [(ident, g, a) for ident, _, g, a in scored if a is not None]
+    if column:
+        same = [g == a for _, g, a in column]
+        print(f"  ground truth equal to the answer column: {sum(same)}/{len(column)}")
+        for (ident, g, a), ok in zip(column, same):
+            if not ok:
+                print(f"    {ident}: {g!r} vs answer column {a!r}")
 
 
 if __name__ == "__main__":

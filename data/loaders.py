@@ -66,10 +66,17 @@ Choices:
 10. Answers inside a worked solution: GSM8K's answer text ends with a line "#### 72"; the ground
    truth is what follows the last "####", thousands separators out ("1,234" -> "1234"), and the
    worked solution stays out of the row. MATH (hendrycks-math) has no answer column: the ground
-   truth is the last \\boxed{...} (or \\fbox{...}) of the solution, braces balanced, as the MATH
-   authors' own grader takes it (on MATH-500, where H4 ships both, it equals the "answer" column
-   on all 500 rows). A solution without one, or whose answer the math task refuses (a bare word:
-   reward.py choice 10), is dropped. MATH-500 is a subset of MATH's test split, never of its train.
+   truth is the final boxed answer of the solution (reward.final_boxed, the parser that reads
+   completions): its last \\boxed{...} (or \\fbox{...}), braces balanced, with the boxes just
+   before it that only punctuation, "and"/"or" or spacing separate from it, joined by ", "
+   ("\\boxed{2}, \\boxed{5}, \\boxed{13}" is "2, 5, 13"; the MATH authors' grader took the last
+   box alone, which no answer can match). A problem that asks for one of two ("Enter only one of
+   the foci, not both") keeps the last box: its solution boxes both and either is right. On
+   MATH-500, where H4 ships both, it equals the "answer" column on 499 of 500 rows; the 500th
+   (number_theory/459) boxes one value in two forms, "15\\frac{39}{40}, \\frac{639}{40}", which
+   either form matches. A solution without one, or whose answer the math task refuses (a bare
+   word: reward.py choice 8), is dropped. MATH-500 is a subset of MATH's test split, never of
+   its train.
 """
 import ast
 import functools
@@ -129,31 +136,19 @@ def _gsm8k(r, i):
     return (str(i), r["question"].strip(), final.strip().replace(",", "")) if sep else None
 
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def _last_boxed(text: str) -> str | None:
-    """The inside of the last \\boxed{...} (or \\fbox{...}) with balanced braces, or None."""
-    found = None
-    for m in _BOXED.finditer(text):
-        depth = 0
-        for j in range(m.end() - 1, len(text)):
-            depth += (text[j] == "{") - (text[j] == "}")
-            if depth == 0:
-                found = text[m.end():j].strip()
-                break
-    return found
-
-
 def _hendrycks_math(r, i):
-    """MATH (choice 10): the answer is the solution's last boxed expression; rows without one, or
-    with one the math task refuses, are dropped."""
-    answer = _last_boxed(r["solution"])
+    """MATH (choice 10): the answer is the solution's final boxed answer (several boxes in a row
+    joined); rows without one, or with one the math task refuses, are dropped."""
+    found = reward.final_boxed(r["solution"])
+    if found and re.search(r"\bnot both\b", r["problem"]):
+        # "Enter only one of the foci, not both": the solution boxes both and either is right;
+        # joined, neither alone would match, so the last box is the answer (as it was before)
+        found = found[0], reward.boxed_answers(r["solution"])[-1][2]
     try:
-        reward.get_task("math").check(answer)
+        reward.get_task("math").check(found and found[1])
     except ValueError:
         return None
-    return str(i), r["problem"].strip(), answer
+    return str(i), r["problem"].strip(), found[1]
 
 
 def _dapo(r, i):

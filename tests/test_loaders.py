@@ -158,25 +158,31 @@ def hendrycks_row(problem, solution, kind="Algebra"):
     return {"problem": problem, "level": "Level 3", "type": kind, "solution": solution}
 
 
-def test_hendrycks_math_last_boxed_balanced(tmp_path):
-    """EleutherAI/hendrycks_math: one folder per subject; the answer is the solution's last
-    \\boxed{...}, nested braces kept; rows without one, or with a bare word, are dropped."""
+def test_hendrycks_math_final_boxed_answer(tmp_path):
+    """EleutherAI/hendrycks_math: one folder per subject; the answer is the solution's final boxed
+    answer, nested braces kept, boxes in a row joined; rows without one, or with a bare word, are
+    dropped."""
     algebra = [hendrycks_row("Simplify.", "First $\\boxed{2}$, then $x = \\boxed{\\frac{1}{\\sqrt{2}}}$."),
                hendrycks_row("No box.", "The answer is 5."),
                hendrycks_row("Odd or even?", "It is $\\boxed{odd}$."),  # math-verify: o*d*d
-               hendrycks_row("Name her.", "So $\\boxed{\\text{Evelyn}}$ wins.")]
+               hendrycks_row("Name her.", "So $\\boxed{\\text{Evelyn}}$ wins."),
+               hendrycks_row("Solve.", "So $x$ is $\\boxed{3}$ or $\\boxed{\\frac{2}{5}}$."),
+               hendrycks_row("Primes?", "They are $\\boxed{2}, \\boxed{5}, \\boxed{13}$."),
+               hendrycks_row("Enter one focus, not both.", "$\\boxed{(10, 0)}$ and $\\boxed{(0,0)}.$")]
     geometry = [hendrycks_row(" Area? ", "Area $= \\fbox{12\\pi}$", "Geometry")]
     write_parquet(tmp_path / "hendrycks-math" / "algebra" / "train-00000-of-00001.parquet", algebra)
     write_parquet(tmp_path / "hendrycks-math" / "geometry" / "train-00000-of-00001.parquet", geometry)
     write_parquet(tmp_path / "hendrycks-math" / "geometry" / "test-00000-of-00001.parquet", geometry)
     rows = load_problems("hendrycks-math", "train", data_dir=str(tmp_path))
-    assert [(r["id"], r["problem"], r["ground_truth"]) for r in rows] == [
-        ("0", "Simplify.", "\\frac{1}{\\sqrt{2}}"), ("3", "Name her.", "\\text{Evelyn}"),
-        ("4", "Area?", "12\\pi")]
-    assert {r["task"] for r in rows} == {"math"}
+    assert [(r["id"], r["ground_truth"]) for r in rows] == [
+        ("0", "\\frac{1}{\\sqrt{2}}"), ("3", "\\text{Evelyn}"), ("4", "3, \\frac{2}{5}"),
+        ("5", "2, 5, 13"), ("6", "(0,0)"), ("7", "12\\pi")]
+    assert rows[-1]["problem"] == "Area?" and {r["task"] for r in rows} == {"math"}
     assert [r["ground_truth"] for r in load_problems("hendrycks-math", "test", data_dir=str(tmp_path))] == [
         "12\\pi"]
-    assert loaders._last_boxed("\\boxed{a{b}c} and \\boxed{unclosed") == "a{b}c"
+    import reward  # a perfect answer to a several-box problem scores 1, the last box alone 0
+    assert reward.score("math", ["Answer: 13, 2, 5", "Answer: 13", "Answer: (0, 0)"],
+                        [rows[3]["ground_truth"]] * 2 + [rows[4]["ground_truth"]]) == [1.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize("name, relpath, rows", [

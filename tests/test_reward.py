@@ -88,6 +88,91 @@ def test_math_wrong_missing_and_last_answer():
     assert reward.math_reward("\\boxed{57} hmm, actually \\boxed{56}", "56") == 1.0
 
 
+def math_scores(cases, **kw):
+    """reward.score on (completion, ground truth) pairs."""
+    return reward.score("math", [c for c, _ in cases], [g for _, g in cases], timeout=10, **kw)
+
+
+def test_math_several_boxes_in_a_row_are_one_answer():
+    # reward.py choice 10: boxes that only punctuation, "and"/"or" or spacing separate are joined
+    right = [("So \\boxed{(1,2)}, \\boxed{(2,1)}.", "(1,2), (2,1)"),
+             ("the roots are $\\boxed{-2}$ and $\\boxed{1}$.", "1, -2"),
+             ("\\[ \\boxed{3} \\quad \\text{or} \\quad \\boxed{\\frac{2}{5}} \\]", "\\frac25, 3"),
+             ("\\boxed{7} hmm, no: \\boxed{1}, \\boxed{2}", "1, 2")]  # words end the run
+    wrong = [("So \\boxed{(1,2)}, \\boxed{(2,1)}.", "(1,2)"),  # one of two answers
+             ("the roots are $\\boxed{-2}$ and $\\boxed{1}$.", "1"),
+             ("\\boxed{7} hmm, no: \\boxed{1}, \\boxed{2}", "7, 1, 2")]
+    assert math_scores(right + wrong) == [1.0] * len(right) + [0.0] * len(wrong)
+
+
+def test_math_boxing_every_candidate_scores_zero():
+    spam = ", ".join(f"\\boxed{{{k}}}" for k in range(1, 101))
+    cases = [(spam, "57"), (spam, "1, 2"), ("\\boxed{1} or \\boxed{2}", "1"),
+             ("\\boxed{1}\\boxed{2}\\boxed{3}", "2"), ("$\\boxed{56}$, $\\boxed{57}$", "56"),
+             ("The final answer is $55$ or $56$", "56"), ("Answer: 1 000 or 56", "56"),
+             ("Answer: 5 6", "56")]
+    assert math_scores(cases) == [0.0] * len(cases)
+
+
+def test_math_final_answer_sentence_wins_over_an_earlier_box():
+    minerva = ("Caius has \\boxed{255} more, so $10,200 + 255 = 10,455$.\nFinal Answer: The final "
+               "answer is $10,455$. I hope it is correct.")
+    right = [(minerva, "10455"), ("... = 120. Final Answer: The final answer is 120.", "120"),
+             ("The final answer is \\(\\frac12\\).", "0.5"),
+             # prose after the real answer is not a final-answer sentence
+             ("So \\boxed{5}. The final answer is positive, because both factors are.", "5")]
+    wrong = [(minerva, "255"), ("The final answer is 7 or 8", "7")]
+    assert math_scores(right + wrong) == [1.0] * len(right) + [0.0] * len(wrong)
+
+
+def test_math_number_forms():
+    # reward.py choice 11: thousands separated by a space, mixed numbers, a complex product
+    right = [("Answer: 1 000", "1000"), ("Answer: 1\\,000", "1000"), ("Answer: 1{,}000", "1000"),
+             ("Answer: 12,\\!000,\\!023", "12000023"), ("Answer: 1 234 567", "1234567"),
+             ("Answer: 1 1/2", "\\frac{3}{2}"), ("Answer: 2\\frac{1}{4}", "9/4"),
+             ("Answer: i(2-i)", "1+2i"), ("Answer: 1 + 2 i", "1+2i"),
+             ("\\boxed{\\frac{7}{5} + \\frac{1}{5} i}", "\\frac{7}{5} + \\frac{1}{5} i.")]
+    wrong = [("Answer: 1 000", "1"), ("Answer: 1 1/2", "\\frac{1}{2}"), ("Answer: 1 1/2", "11/2"),
+             ("Answer: 2 + i", "1+2i"), ("Answer: i(2+i)", "1+2i"), ("Answer: 10 0000", "100000")]
+    assert math_scores(right + wrong) == [1.0] * len(right) + [0.0] * len(wrong)
+
+
+@pytest.mark.parametrize("policy, right, wrong", [
+    # 1. a bare comma list is a set (the roots of an equation); a tuple in brackets is ordered
+    ("lists", [("Answer: 2, 1", "1, 2"), ("Answer: 4, 10, -2", "10, 4, -2")],
+     [("Answer: (2, 1)", "(1, 2)"), ("Answer: 2, 1, 3", "1, 2")]),
+    # 2. a unit after a number is dropped; a letter that is a variable is not
+    ("units", [("Answer: 10m", "10"), ("Answer: 10\\text{ cm}", "10"), ("Answer: 5", "5\\text{ cm}")],
+     [("Answer: 10x", "10"), ("Answer: 2a", "2")]),
+    # 3. a decimal matches an exact value only to math-verify's 6 decimal places
+    ("rounding", [("Answer: 125.663706", "40\\pi"), ("Answer: 0.333333", "\\frac13")],
+     [("Answer: 125.663", "40\\pi"), ("Answer: 0.3333", "\\frac13")]),
+    # 4. a clock time is a time, not a ratio; a missing a.m./p.m. is not wrong, another one is
+    ("clock", [("Answer: 4:30", "\\text{4:30 p.m.}"), ("Answer: 4:30 PM", "\\text{4:30 p.m.}"),
+               ("Answer: 6:4", "3:2")],
+     [("Answer: 2:15", "4:30"), ("Answer: 4:30 a.m.", "\\text{4:30 p.m.}"), ("Answer: 4", "4:30")]),
+    # 5. no decimal commas: a comma between digits separates thousands or list items
+    ("decimal comma", [("Answer: 1,000", "1000"), ("Answer: 1,5", "\\{1, 5\\}")],
+     [("Answer: 1,5", "1.5"), ("Answer: 1000,99", "1000.99")]),
+])
+def test_math_policy(policy, right, wrong):
+    assert math_scores(right + wrong) == [1.0] * len(right) + [0.0] * len(wrong), policy
+
+
+def test_math_prompt_echo_and_code_answers_score_zero():
+    echo = reward.DAPO_PREFIX + "What is $7 \\cdot 8$?" + reward.DAPO_SUFFIX
+    cases = [(echo, "56"), (echo + "\n\\boxed{}", "56"), ("Answer: `print(56)`", "56"),
+             ("```python\nprint(56)\n```", "56"), ("Answer: ```python\nprint(56)\n```", "56"),
+             ("Answer: import os; os.system('echo 56')", "56")]
+    assert math_scores(cases) == [0.0] * len(cases)
+
+
+def test_final_boxed_skips_nested_and_empty_boxes():
+    assert reward.final_boxed("\\boxed{a{b}c} and \\boxed{unclosed") == (0, "a{b}c")
+    assert reward.final_boxed("x \\boxed{\\boxed{5}} \\boxed{}") == (2, "\\boxed{5}")
+    assert reward.final_boxed("no box") is None
+
+
 def test_math_pathological_inputs_return_in_time_from_a_thread():
     items = [("\\boxed{9^{9^{9^{9}}}}", "1", 0.0),
              ("\\boxed{\\dfrac{5^{\\left(5^{\\left(5^{\\left(5^5\\right)}\\right)} - 4\\right)} - 5}{16}}",
