@@ -21,6 +21,12 @@ ENV = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1
 ENV.pop("PY", None)  # run.sh reads PY; use its default (.venv/bin/python)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: several processes, FSDP, SmolLM2 or whole train.py runs; the fast tier "
+        "for a developer's loop is `pytest tests -m 'not slow'`, CI runs everything")
+
+
 def run(cmd, timeout=240, **kw):
     """Run a command from the repo root; returns (CompletedProcess, seconds)."""
     t = time.time()

@@ -115,6 +115,7 @@ def test_head_precision(precision):
             assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_train_backend_hf_three_iterations_reproducible(tiny, tmp_path):
     """train.py --backend hf trains 3 iterations (plus a held-out avg@2 through eval.avg_at_k on
     the same engine), and a second run with the same seed writes the same metrics and weights."""
@@ -135,6 +136,7 @@ def test_train_backend_hf_three_iterations_reproducible(tiny, tmp_path):
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
+@pytest.mark.slow
 def test_train_backend_hf_under_bf16_autocast(tiny, tmp_path):
     """--mixed_precision bf16 (the GPU presets' setting; accelerate's autocast also runs on the CPU):
     generate runs the policy under autocast and its log-probs agree with the trainer's to bf16's

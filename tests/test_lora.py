@@ -37,6 +37,7 @@ def checkpoint_weights(out, it):
     return load_file(str(out / "checkpoints" / f"iter_{it:06d}" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train_and_vllm_samples_them(tiny, tmp_path):
     out = tmp_path / "lora"
     ok(run(train_cmd(tiny, out, "--iters", "2", "--kl_coef", "0.1"), timeout=300)[0])
@@ -73,6 +74,7 @@ def test_only_the_adapters_train_and_vllm_samples_them(tiny, tmp_path):
     assert moved >= 7, f"only {moved} tensors of final/ differ from the start model"
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_and_eval_py_scores_final_as_the_trainer_did(tiny, tmp_path):
     """--backend hf (one generate call per evaluation, so eval.py's samples are the trainer's): a
     run stopped after iteration 1 and resumed equals the straight run, and eval.py on its final/

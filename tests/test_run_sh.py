@@ -61,6 +61,7 @@ def test_the_closing_table_reads_the_folder_train_py_writes(tmp_path, argv, env_
         ("data/tiny/model", "tiny-math,tiny-code", "tiny-math,tiny-code"))
 
 
+@pytest.mark.slow
 def test_run_sh_with_out_dir_trains_there_and_prints_the_table(tiny, tmp_path):
     out = tmp_path / "runs" / "mine"
     proc, secs = run(["bash", "run.sh", "kl", "atomic", "--model", str(tiny / "model"), "--data_dir", str(tiny),
@@ -117,6 +118,7 @@ def test_a_second_run_in_the_same_folder_stops_at_start_and_keeps_the_log(tmp_pa
     assert "iter 1/" not in text and "evaluating" not in text   # nothing ran
 
 
+@pytest.mark.slow
 def test_run_sh_trains_a_divergence_with_a_parameter(tiny, tmp_path):
     """bash run.sh alpha:0.5 atomic: the README's parametric divergence, 2 iterations end to end;
     its rows carry the cell's divergence estimate, and the sweep's default cells are unchanged."""

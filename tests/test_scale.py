@@ -65,6 +65,7 @@ def recorded(tiny, tmp_path_factory):
 
 @pytest.mark.parametrize("option", [[], ["--drop_uniform_groups", "--overlong", "mask"],
                                     ["--lora_rank", "4", "--lr", "3e-3"]], ids=["plain", "drop+mask", "lora"])
+@pytest.mark.slow
 def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, option):
     replay = ["--replay_rollouts", str(recorded / "rollouts")]
     ev = [] if option else ["--eval_data", "tiny-math"]   # plain: also the final avg@k, sharded over ranks
@@ -109,6 +110,7 @@ def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, opt
 LAUNCH_FSDP = [PY, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate_fsdp_cpu.yaml")]
 
 
+@pytest.mark.slow
 def test_fsdp2_two_processes_shard_checkpoint_resume_and_match_one_process(tiny, recorded, tmp_path):
     replay = ["--replay_rollouts", str(recorded / "rollouts")]
     fsdp = lambda out, *f: ok(run(LAUNCH_FSDP + train_cmd(tiny, tmp_path / out, *MP, *f)[1:], timeout=300)[0])  # noqa: E731
@@ -144,6 +146,7 @@ def test_fsdp2_two_processes_shard_checkpoint_resume_and_match_one_process(tiny,
     assert gap < 1e-6, f"mean |trainer - vLLM| log-prob {gap:.3g}: the engine does not hold the trained weights"
 
 
+@pytest.mark.slow
 def test_fsdp2_two_processes_with_the_hf_backend(tiny, tmp_path):
     """--backend hf under FSDP2: generate runs on the sharded policy itself (fully_shard's hooks gather
     each layer as it runs; both ranks step together, synced_gpus), for training and the final avg@k."""
@@ -174,6 +177,7 @@ def uniform_groups(tiny, saved, G=8):
     return out
 
 
+@pytest.mark.slow
 def test_overlong_mask_gives_truncated_tokens_no_gradient(tiny, recorded, tmp_path):
     """--overlong mask: a truncated response's tokens must not reach the gradient. Every third
     sample of the groups with mixed rewards (non-zero advantages) is marked truncated in a copy of
@@ -208,6 +212,7 @@ def test_overlong_mask_gives_truncated_tokens_no_gradient(tiny, recorded, tmp_pa
 # ----------------------------------------------------------------------------------------------
 # 1b. SIGTERM under accelerate launch (torchrun sends SIGKILL 30 s after SIGTERM)
 
+@pytest.mark.slow
 def test_sigterm_to_two_processes_checkpoints_within_30_s(tiny, tmp_path):
     out = tmp_path / "run"
     cmd = LAUNCH_2 + train_cmd(tiny, out, "--iters", "500", "--prompts_per_update", "4", "--ckpt_every", "0")[1:]
@@ -237,6 +242,7 @@ def test_sigterm_to_two_processes_checkpoints_within_30_s(tiny, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # 2. Ctrl-C, then --resume, gives the run that was never stopped
 
+@pytest.mark.slow
 def test_ctrl_c_then_resume_equals_the_straight_run(tiny, tmp_path):
     flags = ["--iters", "4", "--prompts_per_update", "4", "--ckpt_every", "100"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
@@ -280,6 +286,7 @@ def test_ctrl_c_then_resume_equals_the_straight_run(tiny, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # 3. SIGKILL in the middle of writing a checkpoint leaves the previous one loadable
 
+@pytest.mark.slow
 def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tiny, tmp_path):
     out = tmp_path / "run"
     ckpts = out / "checkpoints"

@@ -215,6 +215,7 @@ def test_bf16_engine_on_an_fp32_folder_loads_quietly_what_a_bf16_folder_holds(ti
 # ----------------------------------------------------------------------------------------------
 # 3. train.py end to end: metrics, final policy, plot
 
+@pytest.mark.slow
 def test_train_two_iterations_end_to_end(tiny, tmp_path):
     out = tmp_path / "run"
     ok(run([PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--iters", "2",
@@ -352,6 +353,7 @@ def test_a_tokenizer_without_a_pad_token_pads_with_eos(tiny, tmp_path):
     assert [r["iter"] for r in metrics(out)] == [1]
 
 
+@pytest.mark.slow
 def test_mu_from_vllm_trains_like_recomputed_mu(tiny, tmp_path):
     """--mu_source vllm (mu = vLLM's log-probs, no behaviour forward pass) runs, and on the same
     replayed rollouts its update equals the recompute path's: the tiny engine samples in fp32, where
@@ -375,6 +377,7 @@ def test_mu_from_vllm_trains_like_recomputed_mu(tiny, tmp_path):
     assert rel < 1e-3, f"mu from vLLM changed the update by {rel:.3g} (relative) on the same rollouts"
 
 
+@pytest.mark.slow
 def test_resume_and_overwrite_are_the_two_ways_on_from_a_used_folder(tiny, tmp_path):
     """A fresh run in a folder that holds a run is refused; --resume continues it, --overwrite
     starts it afresh (its later checkpoints and metrics rows gone); both at once are refused."""
