@@ -100,10 +100,10 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BETWEEN_BOXES = re.compile(r"(?:\s|[,;~&$]|\\[()\[\],;! ]|\\q?quad\b|\\\\|\b(?:and|or)\b"
                             r"|\\(?:text|mbox|textrm|mathrm)\s*\{\s*(?:and|or|,)?\s*\})*")
 _ANSWER_LINE = re.compile(r"(?im)^[ \t>*#]*(?:final[ \t]+)?answer[ \t]*:(.*)$")
-# Minerva's closing sentence, anywhere in a line (choice 2): "Final Answer: The final answer is
-# $10,455$. I hope it is correct." Only where math follows: "The final answer is positive,
+# Minerva's closing sentence, the last one in a line (choice 2): "Final Answer: The final answer
+# is $10,455$. I hope it is correct." Only where math follows: "The final answer is positive,
 # because ..." is prose after the real (boxed) answer.
-_FINAL_SENTENCE = re.compile(r"(?im)\b(?:final[ \t]+answer[ \t]*:|the[ \t]+final[ \t]+answer"
+_FINAL_SENTENCE = re.compile(r"(?im)^.*\b(?:final[ \t]+answer[ \t]*:|the[ \t]+final[ \t]+answer"
                              r"[ \t]+is\b[ \t]*:?)[ \t]*(?=[-+$\\\d(\[{.]|the[ \t]+final)(.*)$")
 _SENTENCE_WORDS = re.compile(r"(?i)^\s*the final answer is\b\s*:?|[.\s]*\bI hope it is correct.*$")
 
@@ -121,13 +121,19 @@ def _group(s, i):
 def boxed_answers(text):
     """Every non-empty \\boxed{...} (or \\fbox{...}) of text with balanced braces, in order, as
     (start, end, inside); a box inside a box is part of the outer one."""
+    close, opened = {}, []  # the matching "}" of every "{" that has one, in one pass
+    for j, c in enumerate(text):  # (boxes one by one would be quadratic in "\\boxed{" spam)
+        if c == "{":
+            opened.append(j)
+        elif c == "}" and opened:
+            close[opened.pop()] = j
     found = []
     for m in _BOXED.finditer(text):
-        if found and m.start() < found[-1][1]:
+        end = close.get(m.end() - 1)
+        if end is None or found and m.start() < found[-1][1]:
             continue
-        inner = _group(text, m.end() - 1)
-        if inner is not None and inner.strip():
-            found.append((m.start(), m.end() + len(inner) + 1, inner.strip()))
+        if text[m.end():end].strip():
+            found.append((m.start(), end + 1, text[m.end():end].strip()))
     return found
 
 
@@ -152,10 +158,10 @@ def extract_answer(completion):
     text = completion[-MATH_TAIL_CHARS:]
     found = [final_boxed(text)]
     found += [(m.start(), m.group(1)) for m in _ANSWER_LINE.finditer(text)]
-    found += [(m.start(), m.group(1)) for m in _FINAL_SENTENCE.finditer(text)]
+    found += [(m.start(1), m.group(1)) for m in _FINAL_SENTENCE.finditer(text)]
     # the latest wins; "Answer: \boxed{5}" is boxed (its box starts later)
     _, answer = max((f for f in found if f), default=(-1, None))
-    return _clean(_SENTENCE_WORDS.sub("", answer)) if answer else None
+    return (_clean(_SENTENCE_WORDS.sub("", answer)) or None) if answer else None
 
 
 def _clean(answer):

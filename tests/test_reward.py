@@ -119,6 +119,7 @@ def test_math_final_answer_sentence_wins_over_an_earlier_box():
                "answer is $10,455$. I hope it is correct.")
     right = [(minerva, "10455"), ("... = 120. Final Answer: The final answer is 120.", "120"),
              ("The final answer is \\(\\frac12\\).", "0.5"),
+             ("The final answer is 1. Wait, no: the final answer is 56.", "56"),
              # prose after the real answer is not a final-answer sentence
              ("So \\boxed{5}. The final answer is positive, because both factors are.", "5")]
     wrong = [(minerva, "255"), ("The final answer is 7 or 8", "7")]
@@ -140,7 +141,7 @@ def test_math_number_forms():
 @pytest.mark.parametrize("policy, right, wrong", [
     # 1. a bare comma list is a set (the roots of an equation); a tuple in brackets is ordered
     ("lists", [("Answer: 2, 1", "1, 2"), ("Answer: 4, 10, -2", "10, 4, -2")],
-     [("Answer: (2, 1)", "(1, 2)"), ("Answer: 2, 1, 3", "1, 2")]),
+     [("Answer: (2, 1)", "(1, 2)"), ("Answer: 2, 1", "(1, 2)"), ("Answer: 2, 1, 3", "1, 2")]),
     # 2. a unit after a number is dropped; a letter that is a variable is not
     ("units", [("Answer: 10m", "10"), ("Answer: 10\\text{ cm}", "10"), ("Answer: 5", "5\\text{ cm}")],
      [("Answer: 10x", "10"), ("Answer: 2a", "2")]),
