@@ -14,8 +14,10 @@ One iteration, in the order main() runs it (the loop's comments use the same num
 4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), broadcast to every token.
 5. `epochs` passes in mini-batches of `prompts_per_update` prompts, one AdamW step each (the
    paper: 128/16 = 8 steps, 1 epoch), on gppo.py's loss over the *whole* mini-batch (all
-   micro-batches and ranks: the update is the same whatever the process count). No KL penalty,
-   no entropy bonus, constant learning rate, gradient clipping (the paper's settings).
+   micro-batches and ranks: on the same samples the update is the same whatever the process
+   count; the samples are not, as each rank seeds its own sampling). No KL penalty, no entropy
+   bonus, constant learning rate, gradient clipping (the paper's settings; --kl_coef,
+   --entropy_coef and --lr_schedule add the first three as TRL and verl offer them).
 6. The new weights stream into the running vLLM engine, in memory (rollout.py).
 7. One metrics row (metrics.jsonl, console, wandb), a checkpoint every `ckpt_every` iterations.
 
@@ -28,40 +30,25 @@ soft overlong punishment (the reward reads the last answer, so EOS erodes withou
 The machinery (flags, multi-process bookkeeping, checkpoints, metrics) is in infra/: skip it.
 """
 import argparse
+import math
 import os
 import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import SimpleNamespace
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils.logging import disable_progress_bar
-
-import gppo
-import reward
-from data.loaders import PromptSampler, load_rows
-from eval import evaluate
-from infra import flags
-from infra.checkpoints import (StopRequest, check_out_dir, prepare_out_dir, resume,
-                               save_checkpoint, save_policy)
-from infra.clip_cov import clip_cov_selection
-from infra.distributed import agree_to_stop, gradient_sync, make_accelerator, micro_batches
-from infra.logprobs import collate
-from infra.lora import adapters_off, add_adapters
-# token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
-#   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-from infra.logprobs import token_logprobs
-from infra.metrics import MetricsLog, Stopwatch, UpdateLog
-from infra.replay import replayed_rollouts, save_rollouts
-from rollout import make_engine, weight_buckets
+from infra import flags   # argparse alone: the flags are read before the heavy imports below
 
 # configuration: the algorithm's flags; the run's (files, memory, LoRA, logging): infra/flags.py
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@")
+def parser():
+    """train.py's flags. Declaring them imports nothing heavy (infra/flags.py choice 4): the
+    names from gppo.py's tables are read when a value is checked or -h is asked for."""
+    p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@",
+                                allow_abbrev=False,   # --iter is a typo, not --iters
+                                usage="python train.py [--flag value ...] [@preset.args] "
+                                      "(python train.py -h lists the flags)")
     # @file presets (configs/*.args): one or more flags per line, '#' starts a comment line
     p.convert_arg_line_to_args = lambda line: [] if line.lstrip().startswith("#") else line.split()
     g = p.add_argument_group("model and data")
@@ -73,18 +60,22 @@ def parse_args(argv=None):
     g.add_argument("--template", default="plain", help="prompt template (data/loaders.py)")
     g.add_argument("--seed", type=int, default=0, help="seed for data order and sampling")
     g = p.add_argument_group("objective (the paper, arXiv 2610.13015: eqs. 11, 14-20, sec. 4.1)")
-    g.add_argument("--method", choices=(*gppo.METHODS, *gppo.BASELINES), help="a cell or baseline")
-    g.add_argument("--objective", default="gppo", choices=("gppo", *gppo.BASELINES))
-    g.add_argument("--divergence", default="kl", help="f of the region: "
-                   f"{', '.join(gppo.divergence_names())} (e.g. alpha:0.5)")
-    g.add_argument("--estimator", default="atomic", choices=tuple(gppo.ESTIMATORS), help="D(r)")
+    g.add_argument("--method", choices=flags.Names("gppo.METHODS", "gppo.BASELINES"),
+                   metavar="NAME", help="a cell or baseline: %(choices)s")
+    g.add_argument("--objective", default="gppo", metavar="NAME",
+                   choices=flags.Names("gppo.BASELINES", extra=("gppo",)), help="%(choices)s")
+    g.add_argument("--divergence", default="kl", help="f of the region: a name of "
+                   "gppo.DIVERGENCES (tv, chi2, kl, hellinger, js) or of a family, e.g. alpha:0.5")
+    g.add_argument("--estimator", default="atomic", choices=flags.Names("gppo.ESTIMATORS"),
+                   metavar="NAME", help="D(r): %(choices)s")
     g.add_argument("--delta", type=float, help="region size (default: mc's lower bound is 0.8)")
     g.add_argument("--ratio_bounds", default="0.5,10",
                    help="'low,high' bounds intersected with the region, or 'none'")
     g.add_argument("--dual_clip", default="10",
                    help="no gradient for A<0 tokens with ratio above this, or 'none'")
-    g.add_argument("--agg", default=None, choices=gppo.AGGS, help="loss aggregation (default: "
-                   "token-mean for the grid, each baseline's own otherwise)")
+    g.add_argument("--agg", default=None, choices=flags.Names("gppo.AGGS"), metavar="AGG",
+                   help="loss aggregation, %(choices)s (default: token-mean for the grid, each "
+                   "baseline's own otherwise)")
     g.add_argument("--loss_kwargs", default="", help="a baseline's other keywords, 'k=v,k=v'")
     g = p.add_argument_group("sampling and optimisation")
     g.add_argument("--iters", type=int, default=60, help="RL iterations")
@@ -94,7 +85,15 @@ def parse_args(argv=None):
     g.add_argument("--mu_source", default="recompute", choices=("recompute", "vllm"))  # step 3
     g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per AdamW step")
     g.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
-    g.add_argument("--lr", type=float, default=1.5e-4, help="AdamW learning rate (constant)")
+    g.add_argument("--lr", type=float, default=1.5e-4, help="AdamW learning rate (the peak of "
+                   "--lr_schedule)")
+    g.add_argument("--lr_schedule", default="constant", choices=("constant", "cosine", "linear"),
+                   help="lr over the run's iters x P/M x epochs AdamW steps, after the warmup: "
+                   "constant (the paper), or a cosine or linear decay to --min_lr_ratio x --lr")
+    g.add_argument("--warmup_steps", type=int, default=0,
+                   help="AdamW steps of linear warmup from 0 to --lr")
+    g.add_argument("--min_lr_ratio", type=float, default=0.0,
+                   help="floor of the cosine and linear decays, a fraction of --lr")
     g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
     g.add_argument("--target_kl", type=float, default=0.05, help="skip the iteration's remaining "
@@ -108,13 +107,62 @@ def parse_args(argv=None):
     g.add_argument("--tis_cap", type=float, help="truncated IS: weigh by min(pi_old/mu_vllm, cap)")
     g.add_argument("--kl_coef", type=float, default=0.0, help="k3 KL penalty to ref_model; 0: off")
     g.add_argument("--ref_model", default="", help="reference model of --kl_coef (def. --model)")
+    g.add_argument("--entropy_coef", type=float, default=0.0, help="entropy bonus: the loss less "
+                   "coef x the policy's entropy per token, aggregated as the loss; 0: off")
     flags.add_run_flags(p)
-    return flags.check(p.parse_args(argv))
+    return p
+
+
+def parse_args(argv=None):
+    return flags.check(parser().parse_args(argv))
+
+
+if __name__ == "__main__":   # a mistyped flag or -h is answered here, before the ~13 s of imports
+    parser().parse_args()
+
+# the heavy imports (torch, transformers, accelerate, vLLM's through rollout.py), after the flags
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils.logging import disable_progress_bar
+
+import gppo
+import reward
+from data.loaders import PromptSampler, load_rows
+from eval import evaluate
+from infra.checkpoints import (StopRequest, check_out_dir, prepare_out_dir, resume,
+                               save_checkpoint, save_policy)
+from infra.clip_cov import clip_cov_selection
+from infra.distributed import agree_to_stop, gradient_sync, make_accelerator, micro_batches
+from infra.logprobs import collate
+from infra.lora import adapters_off, add_adapters
+# token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
+#   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+from infra.logprobs import token_logprobs
+from infra.metrics import MetricsLog, Stopwatch, UpdateLog
+from infra.replay import replayed_rollouts, save_rollouts
+from rollout import make_engine, weight_buckets
+
+
+@dataclass
+class Run:
+    """What setup() builds and the loop uses; a test builds one with the fields it needs."""
+    acc: object                 # accelerate.Accelerator
+    model: object               # the policy, prepared
+    opt: object                 # AdamW, prepared
+    pad_id: int
+    tok: object = None
+    rows: list = None           # train prompts (data/loaders.py rows)
+    eval_rows: list = None
+    sampler: object = None      # PromptSampler
+    ref_model: object = None    # --kl_coef's reference
+    engine: object = None       # rollout engine (vLLM or hf)
+    log: object = print         # print on the main process, nothing elsewhere
+    sources: list = None        # the train data sets' names
 
 
 def setup(args):
     """Accelerator, data (checked first: a bad row fails before any model loads), policy and
-    optimizer, reference model, rollout engine. Returns them in one namespace."""
+    optimizer, reference model, rollout engine. Returns them in one Run."""
     check_out_dir(args)   # an earlier run's folder is refused before anything loads
     disable_progress_bar()   # transformers' "Loading weights" bars, at every load and save
     acc = make_accelerator(args)   # also: FSDP on the CPU, head precision, threads, seeds
@@ -155,9 +203,9 @@ def setup(args):
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          tensor_parallel_size=args.tensor_parallel_size,
                          sleep_mode=args.sleep_mode)
-    return SimpleNamespace(acc=acc, tok=tok, pad_id=pad_id, rows=rows, eval_rows=eval_rows,
-                           model=model, opt=opt, sampler=sampler, ref_model=ref_model,
-                           engine=engine, log=log, sources=sorted({r["source"] for r in rows}))
+    return Run(acc=acc, tok=tok, pad_id=pad_id, rows=rows, eval_rows=eval_rows, model=model,
+               opt=opt, sampler=sampler, ref_model=ref_model, engine=engine, log=log,
+               sources=sorted({r["source"] for r in rows}))
 
 
 @dataclass
@@ -295,13 +343,38 @@ def reference_kl(args, ref_model, inputs, lp, mask, count):
     return penalty, (kl.detach() * mask).sum().item()
 
 
+def learning_rate(args, step):
+    """--lr_schedule's lr at AdamW step `step` of the run (0-based; iters x P/M x epochs in all):
+    a linear warmup from 0 over --warmup_steps, then --lr, or a cosine or linear decay to
+    min_lr_ratio x lr at the run's end. The formulas of transformers' schedules with warmup, which
+    TRL and verl use (tests/test_update.py compares them). A step --target_kl skips still counts
+    (as SB3 and CleanRL anneal by the run's progress), and the lr is a function of the step
+    alone, so --resume continues the schedule exactly."""
+    if step < args.warmup_steps:
+        return args.lr * step / args.warmup_steps
+    if args.lr_schedule == "constant":
+        return args.lr
+    total = args.iters * (args.prompts_per_iter // args.prompts_per_update) * args.epochs
+    progress = min(1.0, (step - args.warmup_steps) / max(1, total - args.warmup_steps))
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if args.lr_schedule == "cosine" \
+        else 1 - progress
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * decay)
+
+
+def entropy_bonus(args, ent, mask, count):
+    """--entropy_coef: -coef x the policy's entropy per token, aggregated like the policy loss
+    (its gradient raises the entropy)."""
+    return -args.entropy_coef * gppo.aggregate(ent, mask.bool(), args.agg, count)
+
+
 def update(args, run, samples, batches, it):
     """`epochs` passes over the mini-batches, one AdamW step each. Returns an UpdateLog."""
-    acc, s, G = run.acc, samples, args.group_size
+    acc, s, G, n = run.acc, samples, args.group_size, len(batches)
     where = {pos: k for k, pos in enumerate(s.positions)}     # prompt position -> local index
-    log = UpdateLog()
+    first = (it - 1) * args.epochs * n                         # the iteration's first step
+    log = UpdateLog(lr=learning_rate(args, first))
     for epoch in range(args.epochs):
-        for u in minibatch_order(args, it, epoch, len(batches)):
+        for k, u in enumerate(minibatch_order(args, it, epoch, n)):
             mine = [where[p] for p in rank_share(batches[u], acc.process_index, acc.num_processes)]
             chosen = [q * G + j for q in mine for j in range(G) if s.keep[q * G + j]]
             passes, count = micro_batches(args, acc, s.batch, chosen)   # None: a filler pass
@@ -322,8 +395,10 @@ def update(args, run, samples, batches, it):
                 extra = {} if detach[c] is None else {"detach": detach[c]}
                 with gradient_sync(acc, run.model, last=c == len(passes) - 1):
                     lp, ent = token_logprobs(run.model, ids, attn, resp, args.logp_chunk_mb,
-                                             args.head_precision)
+                                             args.head_precision, args.entropy_coef > 0)
                     loss, st = policy_loss(args, lp, old_logp, adv, mask, count, **extra)
+                    if args.entropy_coef > 0:   # else ent has no graph (and costs nothing)
+                        loss = loss + entropy_bonus(args, ent, mask, count)
                     kl_ref = 0.0
                     if run.ref_model is not None:
                         penalty, kl_ref = reference_kl(args, run.ref_model, (ids, attn, resp),
@@ -331,13 +406,15 @@ def update(args, run, samples, batches, it):
                         loss = loss + penalty
                     acc.backward(loss)
                 if idx is not None:
-                    log.add(st, lp.detach(), old_logp, ent, mask, kl_ref,
+                    log.add(st, lp.detach(), old_logp, ent.detach(), mask, kl_ref,
                             measure_gap=args.mu_source == "vllm")
             kl = log.step_kl(acc)          # KL(mu || pi) of this mini-batch, before its step
             if args.target_kl and kl > args.target_kl:   # drifted too far: skip the rest
                 run.opt.zero_grad(set_to_none=True)
                 return log
             log.norms.append(float(acc.clip_grad_norm_(run.model.parameters(), args.grad_clip)))
+            for group in run.opt.param_groups:   # this step's place in the run: its lr
+                group["lr"] = learning_rate(args, first + epoch * n + k)
             run.opt.step()
             run.opt.zero_grad(set_to_none=True)
     return log

@@ -4,7 +4,9 @@
    written to iter_N.tmp and renamed once every rank's files exist: a crash never leaves a
    half-written folder under a final name, and `checkpoints()` ignores '.tmp' folders.
 2. --resume restores the latest (or the given) complete checkpoint; flags that change the run must
-   match the checkpoint's unless --resume_with_changes (infra/flags.py RUN_NEUTRAL).
+   match the checkpoint's unless --resume_with_changes (infra/flags.py RUN_NEUTRAL; --iters too
+   under a decaying --lr_schedule, whose length it sets). The lr schedule is a function of the
+   step (train.learning_rate): the iteration and the flags saved here are its whole state.
 3. A fresh run never overwrites an earlier one: an --out_dir that holds a run's metrics or
    checkpoints is refused at start unless --resume or --overwrite says what to do with it.
 4. Ctrl-C / SIGTERM finish the running iteration, checkpoint and exit 130 (`StopRequest`).
@@ -15,7 +17,7 @@ import os
 import shutil
 import signal
 
-from infra.flags import RUN_NEUTRAL
+from infra.flags import run_neutral
 from infra.lora import is_lora, policy_weights
 
 RUN_FILES = ("metrics.jsonl", "checkpoints", "final", "adapter", "eval.json", "eval_start.json",
@@ -87,7 +89,8 @@ def save_checkpoint(args, acc, ckpt_dir, it):
             json.dump({"iter": it, "args": {k: v for k, v in vars(args).items() if k != "cell"}}, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)              # the commit point
+        # the commit point; a run resumed from an older checkpoint replaces the later ones it redoes
+        _replace(path + ".tmp", path)
         for stale in checkpoints(ckpt_dir)[:-args.keep_last]:
             shutil.rmtree(stale, ignore_errors=True)
     acc.wait_for_everyone()
@@ -108,12 +111,15 @@ def load_checkpoint(args, acc, ckpt_dir):
     with open(os.path.join(path, "trainer_state.json")) as f:
         state = json.load(f)
     now = json.loads(json.dumps({k: v for k, v in vars(args).items() if k != "cell"}))   # tuples
+    neutral = run_neutral(state["args"])
     changed = {k: (v, now.get(k)) for k, v in state["args"].items()
-               if k not in RUN_NEUTRAL and now.get(k) != v}
+               if k not in neutral and now.get(k) != v}
     if changed and not args.resume_with_changes:
+        why = f" (the lr schedule {state['args']['lr_schedule']} decays over the run's --iters: " \
+            "another value reshapes the rest of it)" if "iters" in changed else ""
         raise ValueError(f"--resume: {path} was made with other flags: "
                          + ", ".join(f"--{k} {a!r} (now {b!r})" for k, (a, b) in changed.items())
-                         + "; pass --resume_with_changes to continue anyway")
+                         + why + "; pass --resume_with_changes to continue anyway")
     acc.load_state(path)
     return path, state["iter"]
 
@@ -147,8 +153,9 @@ def _replace(tmp, path):
 
 class StopRequest:
     """Ctrl-C / SIGTERM (torchrun sends it to every worker, then SIGKILL 30 s later): finish the
-    running iteration, checkpoint, exit 130. A second signal kills at once. The handler only sets
-    a flag and writes with os.write: print() inside a signal handler can raise on reentry."""
+    running iteration, checkpoint, exit 130. A second signal kills (once Python runs again: after
+    the torch call under way), saying that the running iteration is lost. The handler only sets a
+    flag and writes with os.write: print() inside a signal handler can raise on reentry."""
 
     def __init__(self, master):
         self.requested, self.master = False, master
@@ -156,9 +163,14 @@ class StopRequest:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.requested:   # the second: say what is lost, then die of the signal as without us
+            if self.master:
+                os.write(2, f"\n{name} again: aborting; this iteration is lost, and --resume "
+                         "redoes it and any others after the last checkpoint\n".encode())
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.requested = True
         if self.master:
-            name = signal.Signals(signum).name
             os.write(2, f"\n{name}: stopping after this iteration (again to abort)\n".encode())
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -7,23 +7,48 @@ rest and checks them all at parse time, before anything is loaded.
    other values of them (every other flag must match the checkpoint's).
 3. `loss_settings`: --agg defaults to the chosen loss's own aggregation (a baseline trains as its
    authors define it); --loss_kwargs is checked against the loss's signature and tried once.
+4. Declaring the flags imports nothing heavy: the names a flag accepts from gppo.py's tables are
+   read only when argparse needs them (`Names`), and `check` imports gppo (and torch, ~1.5 s)
+   itself, so train.py refuses a mistyped flag in a fraction of a second, before its imports.
 """
 import ast
+import importlib
 import inspect
 import os
 import re
 
-import torch
-
-import gppo
-from data.probes import PROBES
-
 # Flags that do not change what a run computes: --resume may continue with other values. --iters
-# extends a run; the eval_* flags score held-out sets with seeded sampling calls that leave the
-# training's random streams as they were (the next rollout reseeds); the rest are files and speed.
+# extends a run (unless a decaying --lr_schedule spans it: `run_neutral`); the eval_* flags score
+# held-out sets with seeded sampling calls that leave the training's random streams as they were
+# (the next rollout reseeds); the rest are files and speed.
 RUN_NEUTRAL = {"iters", "eval_data", "eval_k", "eval_before", "eval_every", "out_dir", "overwrite",
                "ckpt_every", "keep_last", "resume", "resume_with_changes", "save_rollouts",
                "threads", "sample_every", "wandb", "answer_probe", "probe_every"}
+
+
+def run_neutral(saved):
+    """RUN_NEUTRAL for a checkpoint made with the flags `saved` (a dict): a cosine or linear lr
+    decays over the run's --iters, so another value would reshape the rest of the schedule."""
+    decays = saved.get("lr_schedule", "constant") != "constant"
+    return RUN_NEUTRAL - {"iters"} if decays else RUN_NEUTRAL
+
+
+class Names:
+    """argparse `choices` read from tables ("gppo.ESTIMATORS": a module's dict or tuple) only when
+    argparse needs them, to check a value or print -h (choice 4). Give the flag a `metavar`:
+    argparse formats the choices of a flag without one as soon as it is declared."""
+
+    def __init__(self, *tables, extra=()):
+        self.tables, self.extra = tables, extra
+
+    def __iter__(self):
+        yield from self.extra
+        for table in self.tables:
+            module, name = table.rsplit(".", 1)
+            yield from getattr(importlib.import_module(module), name)
+
+    def __contains__(self, name):
+        return name in list(self)
 
 
 def add_run_flags(p):
@@ -52,7 +77,8 @@ def add_run_flags(p):
     g.add_argument("--eval_every", type=int, default=0, help="also score --eval_data every N "
                    "iterations, into that row (eval_avg@k) and eval_iter_N.json; 0 = at the end")
     g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
-    g.add_argument("--answer_probe", default="", choices=("", *PROBES),
+    g.add_argument("--answer_probe", default="", metavar="PROBE",
+                   choices=Names("data.probes.PROBES", extra=("",)),
                    help="log answer_prob: the held-out probability of each rule's one-token "
                    "answer, per kind of problem (data/probes.py; letters: tiny-rare-math)")
     g.add_argument("--probe_every", type=int, default=1, help="--answer_probe every N iterations")
@@ -95,6 +121,7 @@ def bad(args, flag, accepted):
 
 def check(args):
     """Every flag checked and the derived values set (cell, out_dir, agg, loss_kwargs)."""
+    import gppo   # imports torch: only once argparse has accepted the command line (choice 4)
     if args.method in gppo.METHODS:   # one name per thing: run.sh and the sweep map names here
         args.objective, (args.divergence, args.estimator) = "gppo", gppo.METHODS[args.method]
     elif args.method:
@@ -127,9 +154,14 @@ def check(args):
     if args.tis_cap is not None and args.mu_source == "vllm":   # mu is vLLM's: corrected twice
         bad(args, "tis_cap", "unset with --mu_source vllm (TIS reweights from vLLM's mu to the "
             "trainer's)")
-    for flag in ("kl_coef", "target_kl"):
+    for flag in ("kl_coef", "target_kl", "entropy_coef"):
         if getattr(args, flag) < 0:
             bad(args, flag, "a number >= 0")
+    steps = args.iters * (args.prompts_per_iter // args.prompts_per_update) * args.epochs
+    if not 0 <= args.warmup_steps <= steps:
+        bad(args, "warmup_steps", f"0 to the run's {steps} AdamW steps (iters x P/M x epochs)")
+    if not 0 <= args.min_lr_ratio <= 1:
+        bad(args, "min_lr_ratio", "a fraction of --lr in [0, 1]")
     if args.lora_rank < 0:
         bad(args, "lora_rank", "0 (off) or a positive rank")
     if not 0 <= args.lora_dropout < 1:
@@ -160,6 +192,8 @@ def loss_settings(args):
     """(agg, loss_kwargs) of the chosen loss: --agg or the loss's own default aggregation, and
     --loss_kwargs parsed and checked against the loss's signature, then tried once on a tiny
     batch so a bad value fails here, not mid-run."""
+    import gppo
+    import torch
     fn = gppo.gppo_loss if args.objective == "gppo" else gppo.BASELINES[args.objective]
     params = inspect.signature(fn).parameters
     agg = args.agg or params["agg"].default

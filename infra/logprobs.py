@@ -15,10 +15,11 @@ from accelerate.utils import extract_model_from_parallel
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_logp_entropy(hidden, head, targets, precision=None):
+def _chunk_logp_entropy(hidden, head, targets, precision=None, entropy_grad=False):
     """The LM head and log-softmax of one chunk. precision: bf16 multiplies bf16 inputs (float32
     accumulate); fp32 and tf32 multiply float32 inputs, on TF32 tensor cores when train.setup
-    allowed them for the run (tf32 on CUDA). The log-softmax is float32 whatever the choice."""
+    allowed them for the run (tf32 on CUDA). The log-softmax is float32 whatever the choice.
+    The entropy keeps its graph only under entropy_grad (--entropy_coef): else it is a metric."""
     with torch.autocast(hidden.device.type, enabled=False):          # the head as chosen
         if precision == "bf16":
             logits = (hidden.bfloat16() @ head.bfloat16().t()).float()  # (n, V)
@@ -27,16 +28,18 @@ def _chunk_logp_entropy(hidden, head, targets, precision=None):
         logp_all = logits.log_softmax(-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
         entropy = -(logp_all.exp() * logp_all).sum(-1)                 # (n,)
-    return logp, entropy.detach()
+    return logp, entropy if entropy_grad else entropy.detach()
 
 
-def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=None):
+def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=None,
+                   entropy_grad=False):
     """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2.
 
     The forward goes through the (DDP/FSDP-)wrapped model, so its gradient hooks run, but asks for
     the logits of one position only; the decoder's output (the normed last hidden states) is taken
     with a forward hook. chunk_mb: MB of float32 logits per chunk; None: 1/32 of the GPU's free
-    memory on CUDA (at least 256), 256 on the CPU."""
+    memory on CUDA (at least 256), 256 on the CPU. entropy_grad: the entropy with its gradient
+    (recomputed in the backward pass like the log-probs), for an entropy bonus."""
     inner, seen = extract_model_from_parallel(model), {}
     hook = inner.get_decoder().register_forward_hook(lambda m, i, out: seen.update(h=out[0]))
     try:
@@ -54,7 +57,7 @@ def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=No
     rows = max(1, (chunk_mb << 20) // (4 * head.shape[0]))             # tokens per chunk
     parts = []
     for s in range(0, len(y), rows):
-        chunk = (h[s:s + rows], head, y[s:s + rows], head_precision)
+        chunk = (h[s:s + rows], head, y[s:s + rows], head_precision, entropy_grad)
         if torch.is_grad_enabled():
             parts.append(checkpoint(_chunk_logp_entropy, *chunk, use_reentrant=False))
         else:

@@ -38,7 +38,8 @@ class UpdateLog:
     """What update() measures, as token-weighted sums over its passes (log rows turn them into
     means)."""
 
-    def __init__(self):
+    def __init__(self, lr=None):
+        self.lr = lr                              # the lr of the iteration's first step
         self.sums = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}
         self.tok_b = [0.0] * gppo.MU_BUCKETS      # tokens per mu bucket
         self.clip_b = [0.0] * gppo.MU_BUCKETS     # clipped tokens per mu bucket
@@ -126,7 +127,7 @@ class MetricsLog:
             solve_rate=t["solved"] / t["groups"], response_len=t["len"] / N,
             truncated_frac=t["truncated"] / N, kept_frac=t["kept"] / N,
             overlong_penalty=t["penalty"] / N, uniform_group_frac=t["uniform"] / t["groups"],
-            lr=args.lr, logp_gap_vllm=t["gap"] / max(t["gap_n"], 1), **means,
+            lr=upd.lr, logp_gap_vllm=t["gap"] / max(t["gap_n"], 1), **means,
             ratio_max=every[:, -1].max().item(),
             token_frac_by_mu=[t[f"tok{b}"] / n_tok for b in range(gppo.MU_BUCKETS)],
             clip_frac_by_mu=[t[f"clip{b}"] / max(t[f"tok{b}"], 1.0)

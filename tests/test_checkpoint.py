@@ -8,7 +8,10 @@ Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q   (~30 s on 2 cores)
    moments and weights, and its next sampler draw and RNG draws must be the ones the first run
    made after the save. (Setup preparing the optimizer with accelerate and registering the sampler
    for checkpointing is what puts them into save_state.)
-2. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
+2. The lr schedule through train.py (--backend hf, 3 short iterations): a run resumed from its first
+   checkpoint logs the straight run's rows, lr included; a resume that would change the schedule's
+   length (--iters under a decaying schedule, --warmup_steps) is refused, naming the values.
+3. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
    save_state, so iter_N.tmp may be renamed only once every rank's files are in it (the barrier
    in save_checkpoint); and infra.distributed.micro_batches' denominator sums every rank's share.
 """
@@ -22,11 +25,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import PY, ROOT, ok, run
+from conftest import PY, ROOT, metrics, ok, run
 
 sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from infra.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
+from infra.flags import run_neutral  # noqa: E402
 
 MODEL = str(ROOT / "data" / "tiny" / "model")     # the committed tiny model and its data sets
 FLAGS = ["--backend", "hf", "--model", MODEL, "--prompts_per_iter", "8", "--prompts_per_update",
@@ -84,6 +88,56 @@ def test_resume_restores_optimizer_sampler_and_rngs(tmp_path):
     resumed = draws(args_b, b, 3)
     for k in straight:
         assert resumed[k] == straight[k], f"{k}: the resumed run draws other values than the first"
+
+
+SCHEDULE = ["--train_data", "tiny-math", "--group_size", "2", "--max_new_tokens", "16", "--iters", "3",
+            "--lr_schedule", "cosine", "--warmup_steps", "1", "--min_lr_ratio", "0.1", "--target_kl", "0",
+            "--ckpt_every", "1", "--keep_last", "3", "--sample_every", "0"]
+
+
+def test_lr_schedule_resumes_exactly(tmp_path):
+    """A cosine schedule with warmup over 3 iterations x 2 AdamW steps: each row logs the lr of the
+    iteration's first step (train.learning_rate of steps 0, 2, 4: three different values), and the
+    run resumed from its iteration-1 checkpoint redoes iterations 2-3 with the straight run's rows,
+    every key but the timers (the weights, hence rewards and entropy, depend on every earlier lr)."""
+    out = tmp_path / "run"
+    cmd = [PY, "train.py", *FLAGS, *SCHEDULE, "--out_dir", str(out)]
+    ok(run(cmd, timeout=300)[0])
+    straight = metrics(out)
+    args = train.parse_args([*FLAGS, *SCHEDULE])
+    lrs = [r["lr"] for r in straight]
+    assert lrs == [train.learning_rate(args, k) for k in (0, 2, 4)] and len(set(lrs)) == 3
+    ok(run(cmd + ["--resume", str(out / "checkpoints" / "iter_000001")], timeout=300)[0])
+    resumed = metrics(out)
+    assert [r["iter"] for r in resumed] == [1, 2, 3]
+    for a, b in zip(straight, resumed):
+        for k in a:
+            if not k.startswith("time_") and k != "tokens_per_s":
+                assert a[k] == b[k], f"iteration {a['iter']} {k}: {a[k]} vs {b[k]}"
+
+
+def test_resume_refuses_a_changed_schedule_length(tmp_path):
+    """--iters is run-neutral (a run may be extended) except under a decaying schedule, whose length
+    it sets: there a resume with another --iters is refused naming both values and why, as is
+    another --warmup_steps or --lr_schedule; --resume_with_changes passes the check."""
+    args = train.parse_args([*FLAGS, *SCHEDULE, "--out_dir", str(tmp_path)])
+    ckpt = tmp_path / "checkpoints" / "iter_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps(
+        {"iter": 1, "args": {k: v for k, v in vars(args).items() if k != "cell"}}))
+    for changed, says in [(["--iters", "5"], "--iters 3 (now 5) (the lr schedule cosine decays"),
+                          (["--warmup_steps", "2"], "--warmup_steps 1 (now 2)"),
+                          (["--lr_schedule", "linear"], "--lr_schedule 'cosine' (now 'linear')")]:
+        again = train.parse_args([*FLAGS, *SCHEDULE, "--out_dir", str(tmp_path), "--resume", *changed])
+        with pytest.raises(ValueError) as e:
+            load_checkpoint(again, None, str(tmp_path / "checkpoints"))   # refused before loading
+        assert says in str(e.value) and "--resume_with_changes" in str(e.value), str(e.value)
+    again = train.parse_args([*FLAGS, *SCHEDULE, "--out_dir", str(tmp_path), "--resume", "--iters", "5",
+                              "--resume_with_changes"])
+    with pytest.raises(AttributeError):       # past the check: the load itself (no accelerator here)
+        load_checkpoint(again, None, str(tmp_path / "checkpoints"))
+    assert "iters" in run_neutral({"lr_schedule": "constant"}) and "iters" in run_neutral({})
+    assert "iters" not in run_neutral({"lr_schedule": "cosine"})
 
 
 # `accelerate launch` with two processes (as tests/test_scale.py): MULTI_CPU over gloo on a CPU

@@ -4,13 +4,13 @@ real Accelerator and AdamW. Each test names the invariant it guards; together th
 bugs an end-to-end run does not (advantages without the std, clipping off, a --target_kl that never fires,
 epochs or mini-batch order lost, micro-batching that changes the update), and flags that must reach
 the computation (--head_precision, --epochs' reshuffle, --kl_coef's sign and size,
---drop_uniform_groups, each --agg's whole-mini-batch denominator)."""
+--drop_uniform_groups, each --agg's whole-mini-batch denominator, --entropy_coef's gradient,
+--lr_schedule's lr at every AdamW step)."""
 import copy
 import json
 import math
 import os
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -66,11 +66,11 @@ def tiny_model(state):
     return model
 
 
-def run_update(sampled, *flags, hook=None, ref=None):
-    """train.update on the sampled batch under `flags`; returns (UpdateLog, the model after it).
-    `hook`: an optimizer step pre-hook, called with the gradient each AdamW step uses (after
-    clipping). `ref`: weights (a state dict) of --kl_coef's frozen reference, prepared as
-    train.setup prepares it."""
+def run_update(sampled, *flags, hook=None, ref=None, it=1):
+    """train.update on the sampled batch under `flags` as iteration `it`; returns (UpdateLog, the
+    model after it). `hook`: an optimizer step pre-hook, called with the gradient each AdamW step
+    uses (after clipping). `ref`: weights (a state dict) of --kl_coef's frozen reference, prepared
+    as train.setup prepares it."""
     from accelerate import Accelerator
     tok, state, batch, rewards = sampled
     args = update_args(*flags)
@@ -84,12 +84,11 @@ def run_update(sampled, *flags, hook=None, ref=None):
     if ref is not None:
         ref_model = acc.prepare_model(tiny_model(ref).eval().requires_grad_(False),
                                       evaluation_mode=True)
-    run = SimpleNamespace(acc=acc, model=model, opt=opt, ref_model=ref_model,
-                          pad_id=tok.eos_token_id)
+    run = train.Run(acc=acc, model=model, opt=opt, ref_model=ref_model, pad_id=tok.eos_token_id)
     s = train.Samples(batch, rows=None, positions=list(range(P)))
     s.old_logp, s.tis, _ = train.behaviour_logprobs(args, model, batch, tok.eos_token_id, acc.device)
     _, s.advantages, s.keep = train.advantages(args, rewards, batch)
-    log = train.update(args, run, s, train.minibatches(args, 1), 1)
+    log = train.update(args, run, s, train.minibatches(args, it), it)
     return log, acc.unwrap_model(model)
 
 
@@ -353,3 +352,123 @@ def test_update_denominator_is_the_whole_minibatch(sampled, agg):
     loss.backward()
     want = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert want.norm() > 0 and ((got[0] - want).norm() / want.norm()).item() < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# --entropy_coef and --lr_schedule: each changes the update as its formula says
+
+def entropy_by_hand(model, ids, attn):
+    """The policy's entropy at each next-token position, (B, T-1), with its graph: the plain
+    float32 forward over the whole vocabulary."""
+    logp = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float().log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def test_entropy_keeps_its_gradient_through_the_chunks(sampled):
+    """token_logprobs(entropy_grad=True) in several checkpointed chunks (1 MB of logits: 1020 tokens
+    of the tiny model's 257-token vocabulary): the entropy and its gradient are the plain forward's;
+    without entropy_grad (the default, a metric) it has no graph."""
+    tok, state, batch, _ = sampled
+    model = tiny_model(state)
+    idx = list(range(len(batch.texts))) * 4
+    ids, attn, resp = infra.logprobs.collate(batch, idx, tok.eos_token_id, "cpu")
+    mask = resp[:, 1:].float()
+    assert mask.sum() > 1020, "precondition: more than one chunk"
+    _, ent = infra.logprobs.token_logprobs(model, ids, attn, resp, 1, entropy_grad=True)
+    (ent * mask).sum().backward()
+    got = flat_grad(model)
+    model.zero_grad()
+    want_ent = entropy_by_hand(model, ids, attn)
+    (want_ent * mask).sum().backward()
+    want = flat_grad(model)
+    assert (ent - want_ent).mul(mask).abs().max().item() < 1e-5
+    assert want.norm() > 0 and ((got - want).norm() / want.norm()).item() < 1e-4
+    _, ent = infra.logprobs.token_logprobs(model, ids, attn, resp, 1)
+    assert not ent.requires_grad
+
+
+def flat_grad(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def step_grad(opt):
+    """The gradient an AdamW step uses, flat (read by an optimizer step pre-hook)."""
+    return torch.cat([p.grad.flatten() for g in opt.param_groups for p in g["params"]])
+
+
+def test_entropy_bonus_adds_the_gradient_of_minus_entropy(sampled):
+    """--entropy_coef 1 in update(): one AdamW step on the whole batch (micro-batched 5 sequences a
+    pass), whose gradient less the --entropy_coef 0 one is the gradient of -coef x the token-mean
+    entropy of the batch, computed here by hand; the logged entropy is the same in both runs."""
+    tok, state, batch, rewards = sampled
+    flags = ["--prompts_per_update", str(P), "--target_kl", "0", "--grad_clip", "1e9",
+             "--micro_batch_size", "5"]
+    got = {}
+    logs = {}
+    for coef in (0, 1):
+        seen = []
+        logs[coef], _ = run_update(sampled, *flags, "--entropy_coef", str(coef),
+                                   hook=lambda opt, *a: seen.append(step_grad(opt)))
+        assert len(seen) == 1
+        got[coef] = seen[0]
+    model, pad = tiny_model(state), tok.eos_token_id
+    ids, attn, resp = infra.logprobs.collate(batch, list(range(P * G)), pad, "cpu")
+    mask = resp[:, 1:].float()
+    (-1.0 * (entropy_by_hand(model, ids, attn) * mask).sum() / mask.sum()).backward()
+    want = flat_grad(model)
+    diff = got[1] - got[0]
+    print(f"\n|grad of -entropy| {want.norm():.4g}, |policy gradient| {got[0].norm():.4g}")
+    assert want.norm() > 1e-3 * got[0].norm()
+    assert ((diff - want).norm() / want.norm()).item() < 1e-3
+    assert logs[0].sums["entropy"] == logs[1].sums["entropy"] > 0
+
+
+def peer_schedule(name, warmup, total, floor):
+    """transformers' schedule of that name (what TRL and verl step), as a function of the step."""
+    from transformers import (get_constant_schedule_with_warmup,
+                              get_cosine_with_min_lr_schedule_with_warmup,
+                              get_linear_schedule_with_warmup)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = {"constant": lambda: get_constant_schedule_with_warmup(opt, warmup),
+             "cosine": lambda: get_cosine_with_min_lr_schedule_with_warmup(
+                 opt, warmup, total, min_lr_rate=floor),
+             "linear": lambda: get_linear_schedule_with_warmup(opt, warmup, total)}[name]()
+    lrs = []
+    for _ in range(total):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return lrs
+
+
+@pytest.mark.parametrize("name,warmup,floor", [("constant", 3, 0.0), ("cosine", 3, 0.1),
+                                               ("cosine", 0, 0.0), ("linear", 2, 0.0)])
+def test_learning_rate_is_transformers_schedule(name, warmup, floor):
+    """train.learning_rate at every step of a run of 5 iterations x 4 steps equals transformers'
+    schedule of the same name and settings (linear without a floor: transformers has none);
+    the linear floor by hand."""
+    flags = ["--iters", "5", "--prompts_per_iter", "8", "--prompts_per_update", "2"]
+    args = train.parse_args([*flags, "--lr", "2.0", "--lr_schedule", name, "--warmup_steps",
+                             str(warmup), "--min_lr_ratio", str(floor)])
+    ours = [train.learning_rate(args, k) / 2.0 for k in range(20)]
+    assert ours == pytest.approx(peer_schedule(name, warmup, 20, floor), abs=1e-12)
+    args = train.parse_args([*flags, "--lr_schedule", "linear", "--min_lr_ratio", "0.2"])
+    assert train.learning_rate(args, 5) == pytest.approx(args.lr * (0.2 + 0.8 * (1 - 5 / 20)))
+    assert train.learning_rate(args, 19) == pytest.approx(args.lr * (0.2 + 0.8 * (1 - 19 / 20)))
+
+
+def test_lr_schedule_reaches_every_adamw_step(sampled):
+    """--lr_schedule cosine with warmup through update(): every AdamW step of iterations 1 and 2
+    runs at train.learning_rate of its place in the run, and the UpdateLog (the metrics row's lr)
+    holds the iteration's first step's lr, which changes from one iteration to the next."""
+    flags = ["--lr_schedule", "cosine", "--warmup_steps", "3", "--iters", "2", "--target_kl", "0",
+             "--lr", "1e-4"]
+    args, steps = update_args(*flags), P // 2
+    seen, logged = [], []
+    for it in (1, 2):
+        log, _ = run_update(sampled, *flags, it=it,
+                            hook=lambda opt, *a: seen.append(opt.param_groups[0]["lr"]))
+        logged.append(log.lr)
+    want = [train.learning_rate(args, k) for k in range(2 * steps)]
+    assert seen == want and len(set(want)) == len(want) and want[0] == 0.0
+    assert logged == [want[0], want[steps]] and logged[0] != logged[1]
