@@ -220,7 +220,7 @@ def compare(paths, plot):
 
 
 def main():
-    p = argparse.ArgumentParser(description="avg@k on held-out problems")
+    p = argparse.ArgumentParser(description="avg@k on held-out problems", allow_abbrev=False)
     p.add_argument("--model", default="data/tiny/model", help="model folder (or hub name)")
     p.add_argument("--data", default="tiny-math,tiny-code", help="comma-separated data set names")
     p.add_argument("--split", default="test", help="data split")

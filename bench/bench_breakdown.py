@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-p = argparse.ArgumentParser(description="share of each phase of a train.py iteration")
+p = argparse.ArgumentParser(description="share of each phase of a train.py iteration",
+                            allow_abbrev=False)
 p.add_argument("--metrics", default="", help="read this metrics.jsonl instead of running train.py")
 p.add_argument("--model", default="data/tiny/model", help="model folder for the train.py run")
 p.add_argument("--data_dir", default=None, help="data folder for the train.py run (default data/tiny)")

@@ -33,7 +33,8 @@ LEVERS = {"baseline": ([], {}),
           "mu_vllm": (["--mu_source", "vllm"], {})}
 PHASES = ("rollout", "logp", "reward", "update", "sync", "iter")
 
-p = argparse.ArgumentParser(description="train.py's CPU levers, each against the same run without it")
+p = argparse.ArgumentParser(description="train.py's CPU levers, each against the same run without it",
+                            allow_abbrev=False)
 p.add_argument("--arms", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
 p.add_argument("--levers", default=",".join(LEVERS), help="comma-separated lever names (baseline first)")
 p.add_argument("--warmup", type=int, default=1, help="iterations run and not counted")

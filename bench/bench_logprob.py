@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("ours", "plain", "trl_helpers", "trl_fused")
 
-p = argparse.ArgumentParser(description="log-prob + entropy peak memory and time at a real vocabulary")
+p = argparse.ArgumentParser(description="log-prob + entropy peak memory and time at a real vocabulary",
+                            allow_abbrev=False)
 p.add_argument("--configs", default="16x2048,2x2048", help="comma-separated BxT token batches")
 p.add_argument("--vocab", type=int, default=151936, help="vocabulary size (Qwen2/3: 151,936)")
 p.add_argument("--hidden", type=int, default=64, help="hidden size of the random hidden states")

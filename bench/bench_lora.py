@@ -28,7 +28,7 @@ from measure import run_measured  # noqa: E402
 PRESETS = {"tiny": ["--eval_data", "tiny-math,tiny-code"],
            "smollm2": ["@configs/smollm2_cpu.args"]}
 
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
 p.add_argument("--preset", default="tiny", choices=tuple(PRESETS))
 p.add_argument("--iters", type=int, default=None, help="iterations (default: the preset's)")
 p.add_argument("--lora_rank", type=int, default=8)

@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gppo  # noqa: E402
 
-p = argparse.ArgumentParser(description="gppo_loss forward+backward time per cell vs plain PPO clip")
+p = argparse.ArgumentParser(description="gppo_loss forward+backward time per cell vs plain PPO clip",
+                            allow_abbrev=False)
 p.add_argument("--shape", default="1024x1024", help="BxT tokens per loss call")
 p.add_argument("--reps", type=int, default=7, help="timed passes per row (and as many of plain PPO)")
 p.add_argument("--warmup", type=int, default=2, help="untimed passes per row first")

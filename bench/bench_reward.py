@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reward  # noqa: E402
 from infra import sandbox, workers as pool  # noqa: E402
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
 parser.add_argument("--n-math", type=int, default=256, help="math completions per batch")
 parser.add_argument("--n-code", type=int, default=256, help="code completions per batch")
 parser.add_argument("--workers", type=int, default=None, help="parallel items (default: cores)")

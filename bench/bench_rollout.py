@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")     # the engine in this process, as train.py
 
-p = argparse.ArgumentParser(description="--backend hf vs vLLM: one rollout call each, alternately")
+p = argparse.ArgumentParser(description="--backend hf vs vLLM: one rollout call each, alternately",
+                            allow_abbrev=False)
 p.add_argument("--model", default=str(ROOT / "data/tiny/model"))
 p.add_argument("--data_dir", default=None, help="folder of the tiny data sets (default data/tiny)")
 p.add_argument("--train_data", default="tiny-math,tiny-code")

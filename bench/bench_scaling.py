@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-p = argparse.ArgumentParser(description="iteration time vs group size and max response length")
+p = argparse.ArgumentParser(description="iteration time vs group size and max response length",
+                            allow_abbrev=False)
 p.add_argument("--model", default="data/tiny/model", help="model folder")
 p.add_argument("--data_dir", default=None, help="data folder (default data/tiny)")
 p.add_argument("--groups", default="4,8,16", help="group sizes G, at train.py's default max length (48)")

@@ -57,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from measure import run_measured  # noqa: E402
 
-p = argparse.ArgumentParser(description="iteration time and peak memory: train.py vs TRL GRPOTrainer")
+p = argparse.ArgumentParser(description="iteration time and peak memory: train.py vs TRL GRPOTrainer",
+                            allow_abbrev=False)
 p.add_argument("--model", default="data/tiny/model", help="Hugging Face model folder")
 p.add_argument("--data_dir", default=None, help="folder holding the tiny-math jsonl files (default data/tiny)")
 p.add_argument("--data", default="tiny-math", help="training data set, both sides (e.g. an rg:... reasoning-gym set)")

@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import infra.logprobs  # noqa: E402
 
-p = argparse.ArgumentParser(description="log-prob path vs full logits on a 0.5B-shaped model")
+p = argparse.ArgumentParser(description="log-prob path vs full logits on a 0.5B-shaped model",
+                            allow_abbrev=False)
 p.add_argument("--batch", type=int, default=8, help="sequences")
 p.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
 p.add_argument("--response", type=int, default=1536, help="response tokens per sequence (the rest is prompt)")

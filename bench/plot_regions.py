@@ -60,7 +60,7 @@ def plot(divergences, out):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--divergences", default=",".join(gppo.DIVERGENCES),
                    help=f"comma-separated, any of {', '.join(gppo.divergence_names())} "
                         "(default: every gppo.DIVERGENCES entry)")

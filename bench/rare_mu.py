@@ -49,7 +49,8 @@ def answer_mu(model, tok, rows, batch=100):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="data/tiny_rare/model")
     p.add_argument("--data", default="tiny-rare-math", help="data set (data/loaders.py); its answers follow \\boxed{")
     p.add_argument("--data_dir", default=None)

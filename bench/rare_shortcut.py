@@ -262,7 +262,7 @@ def plot(rows, start, path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--regime", action="append", required=True,
                    help="NAME=FOLDER: a sweep folder run with --answer_probe letters (repeatable; "
                         "the first is the one shortcut.png shows with all its cells)")

