@@ -64,7 +64,8 @@ Design choices:
       lists, 3 ask for the values in an order ("least to greatest"), where the right values in
       another order score 1;
    2. a unit after a number is dropped (math-verify's list: "10m", "10\\text{ cm}" are 10); a
-      letter that is a variable is not ("10x" is not 10);
+      letter that is a variable is not ("10x" is not 10), nor a bare word ("18 dollars" scores
+      0: dropping words would also drop "18 thousand"; the prompt asks for the answer alone);
    3. no rounding tolerance of our own: a decimal matches an exact value only to math-verify's
       6 decimal places (125.663706 is 40\\pi, 125.663 is not);
    4. a gold that is a clock time ("\\text{4:30 p.m.}") is compared as a time, not by math-verify

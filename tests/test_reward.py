@@ -142,9 +142,9 @@ def test_math_number_forms():
     # 1. a bare comma list is a set (the roots of an equation); a tuple in brackets is ordered
     ("lists", [("Answer: 2, 1", "1, 2"), ("Answer: 4, 10, -2", "10, 4, -2")],
      [("Answer: (2, 1)", "(1, 2)"), ("Answer: 2, 1", "(1, 2)"), ("Answer: 2, 1, 3", "1, 2")]),
-    # 2. a unit after a number is dropped; a letter that is a variable is not
+    # 2. a unit after a number is dropped; a letter that is a variable is not, nor a word
     ("units", [("Answer: 10m", "10"), ("Answer: 10\\text{ cm}", "10"), ("Answer: 5", "5\\text{ cm}")],
-     [("Answer: 10x", "10"), ("Answer: 2a", "2")]),
+     [("Answer: 10x", "10"), ("Answer: 2a", "2"), ("Answer: 18 dollars", "18")]),
     # 3. a decimal matches an exact value only to math-verify's 6 decimal places
     ("rounding", [("Answer: 125.663706", "40\\pi"), ("Answer: 0.333333", "\\frac13")],
      [("Answer: 125.663", "40\\pi"), ("Answer: 0.3333", "\\frac13")]),
