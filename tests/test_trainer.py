@@ -306,6 +306,28 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
             assert w in str(e.value), f"{flags}: {w!r} not in {e.value}"
 
 
+def test_a_mistyped_flag_is_refused_before_the_heavy_imports():
+    """--iter (a prefix of --iters: argparse takes no abbreviations) and --itres are refused by
+    argparse alone, with a one-line usage, before torch, transformers, accelerate or vLLM is
+    imported (python -X importtime lists every import); -h exits 0 and lists the flags (a bare '%'
+    in a help text would crash it) with the names read from gppo.py's tables."""
+    heavy = {"torch", "transformers", "accelerate", "vllm"}
+    for flag in ("--iter", "--itres"):
+        proc, secs = run([PY, "-X", "importtime", "train.py", flag, "3"], timeout=60)
+        lines = proc.stderr.splitlines()
+        imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+        said = [line for line in lines if not line.startswith("import time:")]
+        print(f"\n{flag} 3: refused in {secs:.2f} s, {len(imported)} modules imported")
+        assert proc.returncode == 2 and said[-1] == f"train.py: error: unrecognized arguments: {flag} 3"
+        assert len(said) == 2 and said[0].startswith("usage: python train.py"), said
+        assert "argparse" in imported and not heavy & imported, heavy & imported
+    proc, _ = run([PY, "train.py", "-h"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for word in ("--entropy_coef", "--lr_schedule", "--warmup_steps", "--min_lr_ratio", "--iters",
+                 *gppo.METHODS, *gppo.BASELINES, *gppo.ESTIMATORS, *gppo.AGGS, *gppo.DIVERGENCES):
+        assert word in proc.stdout, f"{word} not in train.py -h"
+
+
 def test_train_refuses_bad_rows_at_load_time(tiny, tmp_path):
     """A prompt that leaves no room for the response, and a code row whose tests cannot run, are
     refused when the data is loaded (naming the row and the limit), before any model is."""
