@@ -140,6 +140,20 @@ def test_resume_refuses_a_changed_schedule_length(tmp_path):
     assert "iters" not in run_neutral({"lr_schedule": "cosine"})
 
 
+def test_a_second_ctrl_c_aborts_saying_what_is_lost():
+    """StopRequest: the first SIGINT asks for a stop after the iteration; the second kills the
+    process by SIGINT, as without a handler, after saying that the running iteration is lost."""
+    code = ("import os, signal, time\nfrom infra.checkpoints import StopRequest\n"
+            "stop = StopRequest(True)\nos.kill(os.getpid(), signal.SIGINT)\nassert stop.requested\n"
+            "print('still running', flush=True)\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n")
+    proc, _ = run([PY, "-c", code], timeout=120)
+    assert proc.returncode == -2 and proc.stdout == "still running\n", (proc.returncode, proc.stderr)
+    said = proc.stderr.strip().splitlines()
+    assert said == ["SIGINT: stopping after this iteration (again to abort)", "",
+                    "SIGINT again: aborting; this iteration is lost, and --resume redoes it and any "
+                    "others after the last checkpoint"], said
+
+
 # `accelerate launch` with two processes (as tests/test_scale.py): MULTI_CPU over gloo on a CPU
 LAUNCH_2 = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
