@@ -17,9 +17,12 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_ddp_all_reduces_only_at_each_steps_last_micro_batch(tmp_path):
     """Two AdamW steps of 3 micro-batches on each of 2 ranks: each rank's events are 3 forwards and
     then the all-reduce, twice (one "r" per DDP bucket), and the ranks end with the same weights."""
