@@ -25,7 +25,7 @@ Choices:
 2. A run *stalls* when its final rule is not "right". The shortcut took hold at the first
    iteration where its letter passes 0.5 on the half where it is wrong (largest on min problems,
    smallest on max problems).
-3. Paired differences and their 95% t intervals are bench/sweep.py's (paired over seeds).
+3. Paired differences and their 95% t intervals are bench/stats.py's (paired over seeds).
 4. Iteration 0 is the warm start (data/tiny_rare/model), measured here by the same probe.
 """
 import argparse
@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.sweep import paired, read_metrics, shown, write_json_atomic  # noqa: E402
+from bench.stats import paired, read_metrics, shown, write_json_atomic  # noqa: E402
 
 RULES = ("right", "largest", "smallest", "middle")
 SHORTCUT_ON = {"largest": "min", "smallest": "max"}   # a shortcut and the kind it gets wrong
@@ -171,7 +171,7 @@ def regime_rows(runs):
     for name, seeds in by.items():
         avg = [r["avg"] for r in seeds.values()]
         m = statistics.mean(avg)
-        # the t interval of the mean: sweep.py's paired interval against zero on every seed
+        # the t interval of the mean: stats.py's paired interval against zero on every seed
         _, _, lo, hi = paired({s: r["avg"] for s, r in seeds.items()}, {s: 0.0 for s in seeds})
         cells[name] = dict(n=len(avg), stalls=sum(r["rule"] != "right" for r in seeds.values()),
                            rules={s: r["rule"] for s, r in sorted(seeds.items())},

@@ -1,5 +1,5 @@
-"""The sweep's parts (bench/sweep.py): method list, flags, seeds, resume plan, paired statistics,
-tables, figures, and the report of a sweep folder.
+"""The sweep's parts (bench/sweep.py, stats.py, sweep_report.py): method list, flags, seeds,
+resume plan, paired statistics, tables, figures, and the report of a sweep folder.
 
 Run: .venv/bin/python -m pytest tests/test_sweep.py -q   (CPU, no model, a few seconds)
 
@@ -9,7 +9,6 @@ one run costs ~40 s of engine start and evaluation even at 2 iterations, and tes
 already runs it end to end. The sweep itself is invoked for real with --dry_run, and on a folder
 whose runs are all finished (it then only reports).
 """
-import importlib.util
 import json
 import math
 import os
@@ -23,12 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import gppo  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("sweep", ROOT / "bench" / "sweep.py")
-sweep = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sweep)
+from bench import stats, sweep, sweep_report  # noqa: E402
 
 SETTINGS = sweep.make_settings("m", "d", ["--iters", "2"])
-NAMES = [n for n, _ in sweep.methods()]
+NAMES = [n for n, _ in stats.methods()]
 
 
 def fake(name, seed, math_, code, entropy=0.1, reward=0.5):
@@ -39,9 +36,9 @@ def fake(name, seed, math_, code, entropy=0.1, reward=0.5):
 
 
 def write(out, res, metrics=None):
-    d = sweep.run_dir(out, res["name"], res["seed"])
+    d = stats.run_dir(out, res["name"], res["seed"])
     os.makedirs(d, exist_ok=True)
-    sweep.write_json_atomic(os.path.join(d, "result.json"), res)
+    stats.write_json_atomic(os.path.join(d, "result.json"), res)
     if metrics is not None:
         Path(d, "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
@@ -59,7 +56,7 @@ def test_methods_cover_every_cell_and_baseline_once():
     paper = {"gspo", "gmpo", "sapo", "cispo", "clip_cov", "drpo", "dgpo", "js-mc", "js-atomic", "js-binary"} | \
             {f"{d}-{e}" for d in ("tv", "chi2", "kl", "hellinger") for e in ("mc", "atomic", "binary")}
     assert paper <= set(NAMES)
-    flags = dict(sweep.methods())
+    flags = dict(stats.methods())
     assert flags["kl-atomic"] == ["--objective", "gppo", "--divergence", "kl", "--estimator", "atomic"]
     assert flags["drpo"] == ["--method", "drpo"]            # train.py maps the name (one map, in gppo)
 
@@ -72,7 +69,7 @@ def test_only_takes_gppo_method_names_and_keeps_table_order():
         sweep.select("kl-nope")
     # labels come from gppo.METHODS, so a name added there shows up in the table
     for cell, names in {"tv-mc": ["GRPO", "PPO"], "kl-mc": ["DAPO"], "tv-binary": ["DPPO"], "chi2-atomic": ["RIPO"]}.items():
-        assert set(names) <= set(sweep.LABELS[cell].split(" / ")), sweep.LABELS   # more may be added
+        assert set(names) <= set(stats.LABELS[cell].split(" / ")), stats.LABELS   # more may be added
 
 
 def test_passthrough_refuses_per_cell_flags_and_strips_threads():
@@ -94,16 +91,16 @@ def test_seeds_accept_ranges_and_lists():
 
 
 def test_mean_std():
-    assert sweep.mean_std([1, 2, 3]) == (2, 1.0)           # sample std, n - 1
-    m, s = sweep.mean_std([30.0, 34.0])
+    assert stats.mean_std([1, 2, 3]) == (2, 1.0)           # sample std, n - 1
+    m, s = stats.mean_std([30.0, 34.0])
     assert m == 32.0 and math.isclose(s, math.sqrt(8))
-    assert sweep.mean_std([5.0]) == (5.0, None)
-    assert sweep.mean_std([]) == (None, None)
+    assert stats.mean_std([5.0]) == (5.0, None)
+    assert stats.mean_std([]) == (None, None)
 
 
 def test_t_quantiles_match_the_t_distribution():
     """Each tabulated t(0.975, df) has CDF 0.975, the density integrated by Simpson's rule."""
-    for df, q in enumerate(sweep.T975, start=1):
+    for df, q in enumerate(stats.T975, start=1):
         c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
         dens = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)
         n = 2000
@@ -116,27 +113,27 @@ def test_paired_difference_and_its_t_interval():
     # seeds 0-2 in both: differences 2, 3, 4 -> mean 3, sd 1, half-width t(0.975, 2) / sqrt(3) = 2.4844
     a = {0: 10.0, 1: 12.0, 2: 14.0, 3: 99.0}              # seed 3: only a has it, ignored
     b = {0: 8.0, 1: 9.0, 2: 10.0, 5: -50.0}               # seed 5: only b has it, ignored
-    n, m, lo, hi = sweep.paired(a, b)
+    n, m, lo, hi = stats.paired(a, b)
     assert n == 3 and m == 3.0
     assert math.isclose(lo, 3 - 4.303 / math.sqrt(3)) and math.isclose(hi, 3 + 4.303 / math.sqrt(3))
-    assert math.isclose(lo, 0.5157, abs_tol=1e-4) and sweep.distinguishable(lo, hi)
+    assert math.isclose(lo, 0.5157, abs_tol=1e-4) and stats.distinguishable(lo, hi)
     # differences 1, -1, 3: mean 1, sd 2 -> [1 - 4.969, 1 + 4.969] contains 0
-    n, m, lo, hi = sweep.paired({0: 1.0, 1: -1.0, 2: 3.0}, {0: 0.0, 1: 0.0, 2: 0.0})
-    assert (n, m) == (3, 1.0) and lo < 0 < hi and not sweep.distinguishable(lo, hi)
+    n, m, lo, hi = stats.paired({0: 1.0, 1: -1.0, 2: 3.0}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert (n, m) == (3, 1.0) and lo < 0 < hi and not stats.distinguishable(lo, hi)
     assert math.isclose(hi - lo, 2 * 4.303 * 2 / math.sqrt(3))
     # below 0 is distinguishable too; one common seed has no interval; none has nothing
-    assert sweep.distinguishable(*sweep.paired({0: 0.0, 1: 1.0}, {0: 5.0, 1: 5.5})[2:])
-    assert sweep.paired({0: 3.0, 1: 1.0}, {0: 1.0}) == (1, 2.0, None, None)
-    assert sweep.paired({0: 3.0}, {1: 1.0}) == (0, None, None, None)
-    assert not sweep.distinguishable(None, None)
+    assert stats.distinguishable(*stats.paired({0: 0.0, 1: 1.0}, {0: 5.0, 1: 5.5})[2:])
+    assert stats.paired({0: 3.0, 1: 1.0}, {0: 1.0}) == (1, 2.0, None, None)
+    assert stats.paired({0: 3.0}, {1: 1.0}) == (0, None, None, None)
+    assert not stats.distinguishable(None, None)
 
 
 def test_verdict_rule():
-    assert sweep.verdict(3, 3.0, 0.5, 5.5) == "reproduced"
-    assert sweep.verdict(3, -3.0, -5.5, -0.5) == "not reproduced (reversed)"
-    assert sweep.verdict(3, 1.0, -4.0, 6.0) == "undecided"
-    assert sweep.verdict(1, 1.0, None, None) == "undecided (n < 2)"
-    assert sweep.verdict(3, 0.0, 0.0, 0.0) == "tie: identical on every seed"   # chi2-mc is tv-mc's region
+    assert stats.verdict(3, 3.0, 0.5, 5.5) == "reproduced"
+    assert stats.verdict(3, -3.0, -5.5, -0.5) == "not reproduced (reversed)"
+    assert stats.verdict(3, 1.0, -4.0, 6.0) == "undecided"
+    assert stats.verdict(1, 1.0, None, None) == "undecided (n < 2)"
+    assert stats.verdict(3, 0.0, 0.0, 0.0) == "tie: identical on every seed"   # chi2-mc is tv-mc's region
 
 
 def results_two_budgets():
@@ -152,7 +149,7 @@ def results_two_budgets():
 
 
 def test_aggregate_pairs_on_common_seeds_and_keeps_every_n():
-    rows = sweep.aggregate(results_two_budgets(), NAMES, warm={"tiny-math": 25.0, "tiny-code": 20.0, "all": 22.5})
+    rows = stats.aggregate(results_two_budgets(), NAMES, warm={"tiny-math": 25.0, "tiny-code": 20.0, "all": 22.5})
     assert list(rows) == NAMES
     assert rows["tv-mc"]["n"] == 5 and rows["gspo"]["n"] == 3 and rows["gspo"]["seeds"] == [0, 1, 2]
     assert rows["tv-mc"]["tiny-math"][0] == 33.0 and rows["tv-mc"]["gain_tiny-math"] == 8.0
@@ -165,12 +162,12 @@ def test_aggregate_pairs_on_common_seeds_and_keeps_every_n():
     assert rows["hellinger-mc"]["vs_ref_tiny-math"]["n"] == 0                # seed 7: no GRPO partner
     assert rows["sapo"]["n"] == 0 and rows["sapo"]["vs_ref_tiny-math"]["mean"] is None
     # the reference is found even when tv-mc is not among the rows asked for
-    assert sweep.aggregate(results_two_budgets(), ["kl-atomic"])["kl-atomic"]["vs_ref_tiny-math"]["n"] == 5
+    assert stats.aggregate(results_two_budgets(), ["kl-atomic"])["kl-atomic"]["vs_ref_tiny-math"]["n"] == 5
 
 
 def test_table_has_paired_ci_columns_and_marks():
-    rows = sweep.aggregate(results_two_budgets(), NAMES, warm={"tiny-math": 25.0, "tiny-code": 20.0})
-    lines = sweep.format_table(rows, 8, warm={"tiny-math": 25.0, "tiny-code": 20.0}).splitlines()
+    rows = stats.aggregate(results_two_budgets(), NAMES, warm={"tiny-math": 25.0, "tiny-code": 20.0})
+    lines = sweep_report.format_table(rows, 8, warm={"tiny-math": 25.0, "tiny-code": 20.0}).splitlines()
     assert "Δ math vs GRPO [95% CI]" in lines[0] and "Δ code vs GRPO [95% CI]" in lines[0] and "| n |" in lines[0]
     assert lines[2].startswith("| warm start") and "25.0" in lines[2]
     assert lines[3].startswith("| **tv-mc (GRPO / PPO)** | 5 | 33.0 ± 4.6 | reference |")    # reference first
@@ -183,13 +180,13 @@ def test_table_has_paired_ci_columns_and_marks():
     assert next(line for line in lines if line.startswith("| hellinger-mc |")).split(" | ")[3] == "-"
     assert any(line.startswith("| sapo | 0 | not run") for line in lines)
     assert len(lines) == 2 + 1 + len(NAMES)
-    per_seed = sweep.format_per_seed(rows).splitlines()
+    per_seed = sweep_report.format_per_seed(rows).splitlines()
     assert per_seed[0] == "| method | seed 0 | seed 1 | seed 2 | seed 3 | seed 4 | seed 7 |"
     assert "| kl-atomic | +9.0 / +3.0 | +7.0 / -3.0 |" in "\n".join(per_seed)
 
 
 def test_orderings_pair_each_claim_and_state_a_verdict():
-    orders = sweep.orderings(results_two_budgets(), NAMES)
+    orders = stats.orderings(results_two_budgets(), NAMES)
     got = {(o["a"], o["b"]): o for o in orders}
     # only comparisons whose two methods ran; hellinger-mc has no tv partner seed
     assert set(got) == {("chi2-mc", "tv-mc"), ("kl-atomic", "tv-mc"), ("kl-atomic", "gspo"),
@@ -201,25 +198,25 @@ def test_orderings_pair_each_claim_and_state_a_verdict():
     assert [round(x, 1) for x in got[("kl-atomic", "tv-mc")]["paper"]] == [13.8, 7.3]
     assert got[("kl-atomic", "gspo")]["tiny-math"]["n"] == 3                 # gspo's seeds only
     assert got[("hellinger-mc", "tv-mc")]["tiny-math"]["verdict"] == "undecided (n < 2)"
-    md = sweep.format_orderings(orders)
+    md = sweep_report.format_orderings(orders)
     assert "| kl-atomic best | kl-atomic − tv-mc | +13.8 / +7.3 | 5 |" in md
     assert "- kl-atomic best: tiny-math: reproduced 3, undecided (n < 2) 1" in md
     # every claim kind of the paper is asked once all methods have run
-    kinds = {c for c, _, _ in sweep.claims(NAMES)}
+    kinds = {c for c, _, _ in stats.claims(NAMES)}
     assert kinds == {"atomic above mc", "binary above mc", "curvature above tv", "kl-atomic best"}
-    assert ("atomic above mc", "js-atomic", "js-mc") in sweep.claims(NAMES)
-    assert ("curvature above tv", "kl-binary", "tv-binary") in sweep.claims(NAMES)
+    assert ("atomic above mc", "js-atomic", "js-mc") in stats.claims(NAMES)
+    assert ("curvature above tv", "kl-binary", "tv-binary") in stats.claims(NAMES)
 
 
 def test_plan_skips_finished_redoes_half_finished(tmp_path):
     out = str(tmp_path)
     write(out, fake("tv-mc", 0, 30.0, 0.0))                              # finished
-    os.makedirs(sweep.run_dir(out, "tv-mc", 1))                          # started, no result.json
-    Path(sweep.run_dir(out, "kl-atomic", 0)).mkdir()
-    Path(sweep.run_dir(out, "kl-atomic", 0), "result.json.tmp").write_text("{")   # torn write
+    os.makedirs(stats.run_dir(out, "tv-mc", 1))                          # started, no result.json
+    Path(stats.run_dir(out, "kl-atomic", 0)).mkdir()
+    Path(stats.run_dir(out, "kl-atomic", 0), "result.json.tmp").write_text("{")   # torn write
     got = sweep.plan(out, ["tv-mc", "kl-atomic"], [0, 1], SETTINGS)
     assert got == [("tv-mc", 0, "done"), ("tv-mc", 1, "redo"), ("kl-atomic", 0, "redo"), ("kl-atomic", 1, "run")]
-    assert [(r["name"], r["seed"]) for r in sweep.finished(out, NAMES)] == [("tv-mc", 0)]
+    assert [(r["name"], r["seed"]) for r in stats.finished(out, NAMES)] == [("tv-mc", 0)]
     # a finished run with other settings refuses the whole sweep, even outside --only and --seeds
     other = sweep.make_settings("m", "d", ["--iters", "3"])
     with pytest.raises(SystemExit, match="--iters 2 .now 3."):
@@ -245,16 +242,16 @@ def test_settings_are_train_py_resolved_flags():
 def test_shown_keeps_machine_paths_out_of_committed_results():
     """What sweep.json, table.md and bench/rare_shortcut.py print of a command line: paths inside
     the repository relative to it, others by their last part; other words unchanged."""
-    assert sweep.shown(str(ROOT / "data" / "tiny" / "model")) == "data/tiny/model"
-    assert sweep.shown("/work/runs/lowlr") == "lowlr" and sweep.shown("--out=/work/runs/guard/") == "--out=guard"
+    assert stats.shown(str(ROOT / "data" / "tiny" / "model")) == "data/tiny/model"
+    assert stats.shown("/work/runs/lowlr") == "lowlr" and stats.shown("--out=/work/runs/guard/") == "--out=guard"
     for word in ("out/sweep", "--lr=1e-4", "rg:chain_sum?min_digits=2", "--only"):
-        assert sweep.shown(word) == word
+        assert stats.shown(word) == word
 
 
 def test_write_json_atomic_leaves_no_tmp(tmp_path):
     path = tmp_path / "result.json"
-    sweep.write_json_atomic(str(path), {"a": 1})
-    sweep.write_json_atomic(str(path), {"a": 2})
+    stats.write_json_atomic(str(path), {"a": 1})
+    stats.write_json_atomic(str(path), {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert os.listdir(tmp_path) == ["result.json"]
 
@@ -272,28 +269,28 @@ def synthetic_sweep(out):
 def test_curves_and_clip_by_mu_from_run_folders(tmp_path):
     out = str(tmp_path)
     synthetic_sweep(out)
-    hists = sweep.histories(out, sweep.finished(out, NAMES))
+    hists = stats.histories(out, stats.finished(out, NAMES))
     assert {n: len(h) for n, h in hists.items()} == {"tv-mc": 2, "tv-atomic": 2, "kl-atomic": 1}
-    curv = sweep.curves(hists)
+    curv = stats.curves(hists)
     assert len(curv["tv-atomic"]["entropy"]["mean"]) == 3                 # iterations both seeds reached
     band = curv["tv-mc"]["reward_mean"]
     assert band["min"][0] == 0.3 and math.isclose(band["max"][0], 0.4) and math.isclose(band["mean"][0], 0.35)
-    by_mu = sweep.clip_by_mu(hists)
+    by_mu = stats.clip_by_mu(hists)
     assert by_mu["tv-mc"]["clip"] == pytest.approx([0.3, 0.1, 0.02, 0.0]) and by_mu["tv-mc"]["n"] == 2
     assert by_mu["tv-mc"]["token"] == pytest.approx([0.05, 0.15, 0.3, 0.5])
-    assert sweep.mu_buckets() == ["μ<0.01", "0.01-0.1", "0.1-0.5", "μ≥0.5"]
+    assert stats.mu_buckets() == ["μ<0.01", "0.01-0.1", "0.1-0.5", "μ≥0.5"]
 
 
 def test_clip_by_mu_pools_iterations_by_token_share():
     """An iteration with no token in a bucket does not count as 0% clipped there."""
     rows = [dict(token_frac_by_mu=[0.0, 0.5, 0.5, 0.0], clip_frac_by_mu=[0.0, 0.2, 0.0, 0.0]),
             dict(token_frac_by_mu=[0.1, 0.3, 0.6, 0.0], clip_frac_by_mu=[0.5, 0.4, 0.0, 0.0])]
-    st = sweep.clip_by_mu({"tv-mc": [rows]})["tv-mc"]
+    st = stats.clip_by_mu({"tv-mc": [rows]})["tv-mc"]
     assert st["clip"][0] == 0.5                                          # only the iteration with tokens
     assert math.isclose(st["clip"][1], (0.2 * 0.5 + 0.4 * 0.3) / 0.8)   # weighted by the token share
     assert st["clip"][3] is None                                         # no token ever: no value
     assert math.isclose(st["token"][0], 0.05)
-    assert sweep.clip_by_mu({"gspo": [[{"reward_mean": 0.1}]]}) == {}    # runs without the metric
+    assert stats.clip_by_mu({"gspo": [[{"reward_mean": 0.1}]]}) == {}    # runs without the metric
 
 
 def test_report_of_a_finished_sweep(tmp_path):
@@ -357,11 +354,11 @@ def test_task_rare_runs_on_data_tiny_rare(tmp_path):
                  "--train_data tiny-rare-math", "--iters 2"):
         assert part in cmd, (part, cmd)
     try:
-        sweep.EVAL_SETS = ("tiny-rare-math",)
-        rows = sweep.aggregate(results_two_budgets(), NAMES, warm={"tiny-rare-math": 5.0})
-        table = sweep.format_table(rows, 8, warm={"tiny-rare-math": 5.0})
+        stats.EVAL_SETS = ("tiny-rare-math",)
+        rows = stats.aggregate(results_two_budgets(), NAMES, warm={"tiny-rare-math": 5.0})
+        table = sweep_report.format_table(rows, 8, warm={"tiny-rare-math": 5.0})
     finally:
-        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+        stats.EVAL_SETS = ("tiny-math", "tiny-code")
     head, sep, warm = table.splitlines()[:3]
     assert head.count("|") == sep.count("|") == warm.count("|") == 8 and "tiny-rare-math avg@8" in head
 
@@ -371,34 +368,34 @@ def test_task_rare_runs_on_data_tiny_rare(tmp_path):
 
 def test_iters_to_reward_first_crossing_and_never_reached():
     hist = [dict(iter=i + 1, reward_mean=r) for i, r in enumerate([0.1, 0.49, 0.5, 0.3, 0.7])]
-    assert sweep.iters_to_reward(hist) == (3, True)                       # >= 0.5: 0.5 itself counts
-    assert sweep.iters_to_reward(hist, target=0.6) == (5, True)
-    assert sweep.iters_to_reward(hist, target=0.8) == (6, False)          # never: last iteration + 1
-    assert sweep.iters_to_reward(hist[:2]) == (3, False)
-    assert sweep.iters_to_reward([]) == (1, False)
-    assert sweep.REWARD_TARGET == 0.5
+    assert stats.iters_to_reward(hist) == (3, True)                       # >= 0.5: 0.5 itself counts
+    assert stats.iters_to_reward(hist, target=0.6) == (5, True)
+    assert stats.iters_to_reward(hist, target=0.8) == (6, False)          # never: last iteration + 1
+    assert stats.iters_to_reward(hist[:2]) == (3, False)
+    assert stats.iters_to_reward([]) == (1, False)
+    assert stats.REWARD_TARGET == 0.5
 
 
 def test_auc_is_the_trapezoid_mean_over_the_span():
     # 0 -> 10 -> 20 -> 30 at 4, 20, 40, 40: areas 120 + 300 + 400 = 820 over 30 iterations
     pts = [(0, {"a": 4.0}), (10, {"a": 20.0}), (20, {"a": 40.0}), (30, {"a": 40.0, "b": 1.0})]
-    assert math.isclose(sweep.auc(pts, "a"), 820 / 30)
-    assert sweep.auc(pts, "b") is None                                    # one point is no curve
-    assert sweep.auc([(0, {"a": 4.0}), (60, {"a": 64.0})], "a") == 34.0   # a straight line: its midpoint
-    assert sweep.auc([(10, {"a": 5.0}), (20, {"a": 5.0})], "a") == 5.0    # a flat curve: its value
-    assert sweep.auc([], "a") is None
+    assert math.isclose(stats.auc(pts, "a"), 820 / 30)
+    assert stats.auc(pts, "b") is None                                    # one point is no curve
+    assert stats.auc([(0, {"a": 4.0}), (60, {"a": 64.0})], "a") == 34.0   # a straight line: its midpoint
+    assert stats.auc([(10, {"a": 5.0}), (20, {"a": 5.0})], "a") == 5.0    # a flat curve: its value
+    assert stats.auc([], "a") is None
 
 
 def test_eval_points_from_warm_start_rows_and_eval_json():
     rows = [dict(iter=i, reward_mean=0.0) for i in range(1, 26)]
     for i, v in ((10, 20.0), (20, 40.0)):
         rows[i - 1]["eval_avg@8"] = {"x": v}
-    pts = sweep.eval_points(rows, 8, start={"x": 4.0}, final={"x": 50.0})
+    pts = stats.eval_points(rows, 8, start={"x": 4.0}, final={"x": 50.0})
     assert pts == [(0, {"x": 4.0}), (10, {"x": 20.0}), (20, {"x": 40.0}), (25, {"x": 50.0})]   # eval.json at 25
     rows[-1]["eval_avg@8"] = {"x": 48.0}                                  # the last row has its own score
-    assert sweep.eval_points(rows, 8, start={"x": 4.0}, final={"x": 50.0})[-1] == (25, {"x": 48.0})
-    assert sweep.eval_points(rows, 16, start={"x": 4.0}, final={"x": 50.0}) == []   # other k: no rows
-    assert sweep.eval_points(rows[:5], 8, start={"x": 4.0}, final={"x": 50.0}) == []  # no --eval_every: no curve
+    assert stats.eval_points(rows, 8, start={"x": 4.0}, final={"x": 50.0})[-1] == (25, {"x": 48.0})
+    assert stats.eval_points(rows, 16, start={"x": 4.0}, final={"x": 50.0}) == []   # other k: no rows
+    assert stats.eval_points(rows[:5], 8, start={"x": 4.0}, final={"x": 50.0}) == []  # no --eval_every: no curve
 
 
 RARE = ("tiny-rare-math",)
@@ -432,27 +429,27 @@ def rare_sweep(out, settings):
 def test_speed_pairs_iterations_and_auc_against_grpo(tmp_path):
     out = str(tmp_path)
     try:
-        sweep.EVAL_SETS = RARE
+        stats.EVAL_SETS = RARE
         settings = sweep.make_settings("m", "d", ["--train_data", "tiny-rare-math", "--eval_every", "10"])
         rare_sweep(out, settings)
-        results = sweep.finished(out, NAMES)
-        sp = sweep.speed(out, results, sweep.histories(out, results, by_seed=True), NAMES, 8,
+        results = stats.finished(out, NAMES)
+        sp = stats.speed(out, results, stats.histories(out, results, by_seed=True), NAMES, 8,
                          warm={"tiny-rare-math": 4.0, "all": 4.0})
-        ev = sweep.eval_curves(sp, "tiny-rare-math")
+        ev = stats.eval_curves(sp, "tiny-rare-math")
     finally:
-        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+        stats.EVAL_SETS = ("tiny-math", "tiny-code")
     grpo, kl = sp["tv-mc"], sp["kl-atomic"]
     assert grpo["n"] == kl["n"] == 3 and grpo["not_reached"] == 1 and kl["not_reached"] == 0
     assert grpo["reach"][0] == (20 + 25 + 31) / 3                        # never reached: 30 + 1
     d = kl["vs_ref_reach"]                                               # 5 - 20, 6 - 25, 7 - 31
     assert d["per_seed"] == {0: -15, 1: -19, 2: -24}
-    assert (d["n"], d["mean"], d["lo"], d["hi"]) == sweep.paired({0: 5, 1: 6, 2: 7}, {0: 20, 1: 25, 2: 31})
+    assert (d["n"], d["mean"], d["lo"], d["hi"]) == stats.paired({0: 5, 1: 6, 2: 7}, {0: 20, 1: 25, 2: 31})
     assert d["distinguishable"]
     # AUC of tv-mc seed 0: 0 -> 10 -> 20 -> 30 at 4, 10, 40, 70: (70 + 250 + 550) / 30
-    assert math.isclose(sweep.auc(grpo["points"][0], "tiny-rare-math"), 870 / 30)
-    a = {s: sweep.auc(p, "tiny-rare-math") for s, p in kl["points"].items()}
-    b = {s: sweep.auc(p, "tiny-rare-math") for s, p in grpo["points"].items()}
-    assert kl["vs_ref_auc_tiny-rare-math"]["mean"] == pytest.approx(sweep.paired(a, b)[1])
+    assert math.isclose(stats.auc(grpo["points"][0], "tiny-rare-math"), 870 / 30)
+    a = {s: stats.auc(p, "tiny-rare-math") for s, p in kl["points"].items()}
+    b = {s: stats.auc(p, "tiny-rare-math") for s, p in grpo["points"].items()}
+    assert kl["vs_ref_auc_tiny-rare-math"]["mean"] == pytest.approx(stats.paired(a, b)[1])
     assert kl["auc_n_tiny-rare-math"] == 3 and kl["auc_tiny-rare-math"][0] == pytest.approx(sum(a.values()) / 3)
     assert sp["gspo"]["n"] == 0 and sp["gspo"]["vs_ref_reach"]["mean"] is None
     # the figure's curve: median and min-max over seeds at 0, 10, 20, 30
@@ -460,12 +457,12 @@ def test_speed_pairs_iterations_and_auc_against_grpo(tmp_path):
     assert ev["tv-mc"]["min"][3] == 20.0 and ev["kl-atomic"]["max"][1] == 40.0 and ev["kl-atomic"]["n"] == 3
     assert set(ev) == {"tv-mc", "kl-atomic"}
     # the table: the reference first, n not reached, paired intervals
-    sweep.EVAL_SETS = RARE
+    stats.EVAL_SETS = RARE
     try:
-        rows = sweep.aggregate(results, NAMES, warm={"tiny-rare-math": 4.0})
-        lines = sweep.format_speed(sp, rows, 8, "tiny-rare-math").splitlines()
+        rows = stats.aggregate(results, NAMES, warm={"tiny-rare-math": 4.0})
+        lines = sweep_report.format_speed(sp, rows, 8, "tiny-rare-math").splitlines()
     finally:
-        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+        stats.EVAL_SETS = ("tiny-math", "tiny-code")
     assert "iterations to train reward 0.5" in lines[0] and lines[0].count("|") == lines[1].count("|") == 10
     assert lines[2].startswith("| **tv-mc (GRPO / PPO)** | 3 | 25.3 ± 5.5 | 1 of 3 | reference |")
     assert lines[3].startswith("| kl-atomic | 3 | 6.0 ± 1.0 | 0 of 3 | -19.3 [") and "✱" in lines[3].split(" | ")[4]
@@ -494,29 +491,29 @@ def test_eval_every_and_target_kl_pass_through_and_are_settings(tmp_path):
 def test_default_panel_reads_what_exists(tmp_path):
     """answer_prob.png's second panel: the default sweep's eval_avg@k rows, else its train reward
     (run folders first, then the published sweep.json); None when there is neither."""
-    assert sweep.default_panel(8, folder=str(tmp_path / "none"), summary=str(tmp_path / "none.json")) is None
+    assert sweep_report.default_panel(8, folder=str(tmp_path / "none"), summary=str(tmp_path / "none.json")) is None
     summary = tmp_path / "sweep.json"
     summary.write_text(json.dumps({"k": 8, "curves": {"tv-mc": {"reward_mean": {
         "mean": [0.25, 0.5], "min": [0.2, 0.4], "max": [0.3, 0.6]}}}}))
-    p = sweep.default_panel(8, folder=str(tmp_path / "none"), summary=str(summary))
+    p = sweep_report.default_panel(8, folder=str(tmp_path / "none"), summary=str(summary))
     assert "TRAIN REWARD" in p["title"] and p["line"] == "mean"
     assert p["curves"]["tv-mc"] == dict(iters=[1, 2], line=[25.0, 50.0], min=[20.0, 40.0], max=[30.0, 60.0])
     folder = tmp_path / "sweep"                                           # run folders win over the summary
     synthetic_sweep(str(folder))                                          # no eval rows: train reward, median
-    p = sweep.default_panel(8, folder=str(folder), summary=str(summary))
+    p = sweep_report.default_panel(8, folder=str(folder), summary=str(summary))
     assert "TRAIN REWARD" in p["title"] and p["line"] == "median"
     assert set(p["curves"]) == {"tv-mc", "tv-atomic", "kl-atomic"}
     assert p["curves"]["tv-mc"]["line"][0] == pytest.approx(35.0)
     rows = rare_metrics([0.3] * 20, [30.0, 50.0])                        # with eval rows: avg@k ("all")
     write(str(folder), fake("tv-mc", 0, 50.0, 50.0), rows)
     (folder / "eval_start.json").write_text(json.dumps({"avg@8": {"all": 10.0}}))
-    p = sweep.default_panel(8, folder=str(folder), summary=str(summary))
+    p = sweep_report.default_panel(8, folder=str(folder), summary=str(summary))
     assert "avg@8" in p["title"] and "TRAIN" not in p["title"]
     assert p["curves"]["tv-mc"]["iters"] == [0, 10, 20] and p["curves"]["tv-mc"]["line"] == [10.0, 30.0, 50.0]
     # a published summary with eval curves wins over run folders without eval rows
     summary.write_text(json.dumps({"k": 8, "eval_curves": {"kl-atomic": dict(iters=[0, 10], n=2, median=[5.0, 9.0],
                                                                               min=[5.0, 8.0], max=[5.0, 10.0])}}))
-    p = sweep.default_panel(8, folder=str(tmp_path / "sweep2"), summary=str(summary))
+    p = sweep_report.default_panel(8, folder=str(tmp_path / "sweep2"), summary=str(summary))
     assert "avg@8" in p["title"] and p["curves"]["kl-atomic"]["line"] == [5.0, 9.0]
 
 
@@ -526,10 +523,10 @@ def test_report_of_a_finished_rare_sweep(tmp_path):
     out = tmp_path / "sweep"
     extra = ["--iters", "30", "--target_kl", "0", "--eval_every", "10"]
     try:
-        sweep.EVAL_SETS = RARE
+        stats.EVAL_SETS = RARE
         settings = sweep.make_settings("m", "d", ["--train_data", "tiny-rare-math"] + extra)
     finally:
-        sweep.EVAL_SETS = ("tiny-math", "tiny-code")
+        stats.EVAL_SETS = ("tiny-math", "tiny-code")
     rare_sweep(str(out), settings)
     (out / "eval_start.json").write_text(json.dumps({"avg@8": {"tiny-rare-math": 4.0, "all": 4.0}}))
     (out / "regions.png").write_bytes(b"")
@@ -558,6 +555,6 @@ def test_report_of_a_finished_rare_sweep(tmp_path):
 def test_regions_are_drawn_by_the_tools_that_draw_them(tmp_path):
     # the report's regions.txt and regions.png come from `python gppo.py` and bench/plot_regions.py
     # (the report tests pre-create regions.png; here the real commands run)
-    sweep.draw_regions(str(tmp_path))
+    sweep_report.draw_regions(str(tmp_path))
     assert "kl" in (tmp_path / "regions.txt").read_text()
     assert (tmp_path / "regions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
