@@ -159,7 +159,7 @@ def runs_table(runs, last=5):
         tail = rows[-last:] or [{"reward_mean": math.nan, "kl_k3": math.nan}]
         reward = sum(x["reward_mean"] for x in tail) / len(tail)
         kl = sum(x["kl_k3"] for x in tail) / len(tail)
-        lines.append(f"{name:<{w}}{len(rows):>6}{at:>8}{cells}{reward:>9.3f}{kl:>9.4f}")
+        lines.append(f"{name:<{w}}{len(rows):>6}{at:>8}{cells}{reward:>9.3f}{kl:>9.1e}")
     keys = "/".join(sorted({r["key"] for r in runs.values() if r["key"]})) or "avg@k"
     lines.append(f"({keys} in %, held out: the run's last evaluation, at iteration 'eval at' "
                  "(eval.json once the run finished), in brackets the change from iteration 0 "
@@ -175,6 +175,7 @@ def plot_runs(runs, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     handles = []
     for c, (name, r) in enumerate(runs.items()):
@@ -194,6 +195,7 @@ def plot_runs(runs, path):
     for ax, title in zip(axes, titles):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     if all(x["kl_k3"] > 0 for r in runs.values() for x in r["rows"]):
         axes[2].set_yscale("log")   # KL spans decades: on a linear axis one spike flattens the rest

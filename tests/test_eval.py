@@ -62,10 +62,10 @@ def test_compare_run_folders_table_and_figure(tmp_path):
     # last evaluation (eval.json at the last iteration), its change from eval_start.json, the train
     # reward and kl_k3 over the last 5 iterations (0.6 ... 1.0, 0.006 ... 0.010)
     assert lines[1].split() == ["a/kl-atomic-seed0", "10", "10", "80.0", "(+55.0)", "90.5", "(+60.5)",
-                                "82.3", "(+56.3)", "0.800", "0.0080"]
-    assert lines[2].split() == ["b/grpo-seed0", "6", "5", "61.0", "35.5", "58.0", "0.200", "0.0040"]
+                                "82.3", "(+56.3)", "0.800", "8.0e-03"]
+    assert lines[2].split() == ["b/grpo-seed0", "6", "5", "61.0", "35.5", "58.0", "0.200", "4.0e-03"]
     assert lines[3].split() == ["c/kl-atomic-seed0", "2", "2", "30.0", "(+5.0)", "31.0", "(+1.0)",
-                                "30.4", "(+4.4)", "0.600", "0.0250"]
+                                "30.4", "(+4.4)", "0.600", "2.5e-02"]
     assert lines[4].startswith("(avg@8 in %") and lines[-1] == f"curves: {figure}"
     assert "before" not in proc.stdout and "after" not in proc.stdout
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 20_000
