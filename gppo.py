@@ -228,15 +228,22 @@ def aggregate(per_token, mask, agg="token-mean", global_count=None):
     _lookup(AGGS, agg, "agg")
     mask = mask.bool()
     per_token = torch.where(mask, per_token, 0.0)
+    n = mask.sum(-1)                                        # (B,) tokens per sequence
     if agg == "token-mean":
-        total, count = per_token.sum(), mask.sum()
+        total = per_token.sum()
     else:
-        n = mask.sum(-1)                                    # (B,) tokens per sequence
         seq = per_token.sum(-1)
         seq = seq / n.clamp(min=1) if agg == "seq-mean-token-mean" else seq
-        total, count = seq.sum(), (n > 0).sum()
-    count = count if global_count is None else global_count
+        total = seq.sum()
+    count = denominator(n, agg) if global_count is None else global_count
     return total / torch.as_tensor(count, dtype=torch.float32, device=total.device).clamp(min=1)
+
+
+def denominator(tokens, agg):
+    """What `aggregate` divides by, from each sequence's valid tokens (B,): their sum for
+    token-mean, the sequences holding any for the seq-mean aggregations. A trainer sums it over
+    micro-batches and ranks into `global_count`."""
+    return tokens.sum() if agg == "token-mean" else (tokens > 0).sum()
 
 
 def _clipped_loss(obj, clipped, valid, agg, global_count):

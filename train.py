@@ -224,12 +224,22 @@ class Samples:
     keep: torch.Tensor = None
 
 
+def derived_seed(args, what, it, k=0):
+    """Every seed the loop derives from --seed, in one place: a function of the iteration (and k:
+    the rank, epoch or mini-batch), so a resumed run draws what an unbroken one did. The
+    multipliers only keep the streams apart; they are kept as they were so that runs repeat."""
+    return {"minibatches": args.seed * 7919 + it,                # k unused
+            "sampling": args.seed * 100003 + it * 101 + k,       # k: the rank
+            "epoch_order": args.seed * 7919 + it * 131 + k,      # k: the epoch (>= 1)
+            "clip_cov": args.seed * 1_000_003 + it * 1009 + k}[what]   # k: the mini-batch
+
+
 # 1. sample ---------------------------------------------------------------------------------------
 
 def minibatches(args, it):
     """The iteration's mini-batches: lists of prompt positions 0..P-1, whatever the world size."""
     P, M = args.prompts_per_iter, args.prompts_per_update
-    perm = random.Random(args.seed * 7919 + it).sample(range(P), P)
+    perm = random.Random(derived_seed(args, "minibatches", it)).sample(range(P), P)
     return [perm[u * M:(u + 1) * M] for u in range(P // M)]
 
 
@@ -250,7 +260,7 @@ def sample_groups(args, run, it, batches):
     else:
         batch = run.engine.generate([r["prompt_ids"] for r in rows], n=args.group_size,
                                     max_tokens=args.max_new_tokens,
-                                    seed=args.seed * 100003 + it * 101 + rank)
+                                    seed=derived_seed(args, "sampling", it, rank))
     if args.save_rollouts:
         save_rollouts(args.save_rollouts, it, rank, batch, positions)
     run.engine.sleep()          # --sleep_mode: vLLM frees its KV cache and offloads its weights
@@ -318,7 +328,7 @@ def minibatch_order(args, it, epoch, n):
     """The first epoch takes the n mini-batches in order; later epochs reshuffle them (seeded)."""
     if epoch == 0:
         return list(range(n))
-    return random.Random(args.seed * 7919 + it * 131 + epoch).sample(range(n), n)
+    return random.Random(derived_seed(args, "epoch_order", it, epoch)).sample(range(n), n)
 
 
 def policy_loss(args, lp, old_logp, adv, mask, count, **extra):
@@ -367,49 +377,81 @@ def entropy_bonus(args, ent, mask, count):
     return -args.entropy_coef * gppo.aggregate(ent, mask.bool(), args.agg, count)
 
 
+def pass_inputs(args, run, s, idx):
+    """One micro-batch's tensors: (ids, attention, response mask), mu's log-probs, the loss mask
+    and the advantages (per token under --tis_cap: truncated IS weights A). idx None is a filler
+    pass (infra/distributed.py): it runs on sample 0 with a zero mask, so it weighs nothing."""
+    rows = idx or [0]
+    ids, attn, resp, old_logp, tis = collate(s.batch, rows, run.pad_id, run.acc.device,
+                                             (s.old_logp, s.tis))
+    mask = resp[:, 1:].float() * (idx is not None)
+    adv = s.advantages[rows].to(run.acc.device)
+    return (ids, attn, resp), old_logp, mask, adv[:, None] * tis if args.tis_cap else adv
+
+
+def pass_loss(args, run, inputs, old_logp, adv, mask, count, detach):
+    """The loss of one pass: the objective, plus --entropy_coef's bonus and --kl_coef's penalty.
+    Returns (loss, the objective's stats, log-probs, entropy, summed reference KL)."""
+    lp, ent = token_logprobs(run.model, *inputs, args.logp_chunk_mb, args.head_precision,
+                             args.entropy_coef > 0)   # entropy with its graph only when used
+    extra = {} if detach is None else {"detach": detach}       # Clip-Cov's drawn tokens
+    loss, st = policy_loss(args, lp, old_logp, adv, mask, count, **extra)
+    if args.entropy_coef > 0:
+        loss = loss + entropy_bonus(args, ent, mask, count)
+    kl_ref = 0.0
+    if run.ref_model is not None:
+        penalty, kl_ref = reference_kl(args, run.ref_model, inputs, lp, mask, count)
+        loss = loss + penalty
+    return loss, st, lp, ent, kl_ref
+
+
+def minibatch_kl(acc, kl_sum, tokens):
+    """What --target_kl compares: the mini-batch's k3 KL(mu || pi) per token over every pass and
+    rank, token-weighted (the passes' means weighed by their tokens), before its step."""
+    s = acc.reduce(torch.tensor([kl_sum, tokens], dtype=torch.float64, device=acc.device), "sum")
+    return (s[0] / s[1].clamp(min=1)).item()
+
+
+def minibatch_passes(args, run, s, positions):
+    """This rank's kept samples of the mini-batch of prompt `positions`, in micro-batch passes
+    (None: a filler pass), and the loss denominator of the whole mini-batch over every rank, by
+    gppo.denominator's rule (0: every sample was dropped, on every rank)."""
+    acc, G = run.acc, args.group_size
+    where = {pos: k for k, pos in enumerate(s.positions)}     # prompt position -> local index
+    mine = [where[p] for p in rank_share(positions, acc.process_index, acc.num_processes)]
+    chosen = [q * G + j for q in mine for j in range(G) if s.keep[q * G + j]]
+    tokens = torch.tensor([len(s.batch.completion_ids[i]) for i in chosen], dtype=torch.long)
+    return micro_batches(args.micro_batch_size, acc, chosen, gppo.denominator(tokens, args.agg))
+
+
 def update(args, run, samples, batches, it):
     """`epochs` passes over the mini-batches, one AdamW step each. Returns an UpdateLog."""
-    acc, s, G, n = run.acc, samples, args.group_size, len(batches)
-    where = {pos: k for k, pos in enumerate(s.positions)}     # prompt position -> local index
+    acc, s, n = run.acc, samples, len(batches)
     first = (it - 1) * args.epochs * n                         # the iteration's first step
     log = UpdateLog(lr=learning_rate(args, first))
     for epoch in range(args.epochs):
         for k, u in enumerate(minibatch_order(args, it, epoch, n)):
-            mine = [where[p] for p in rank_share(batches[u], acc.process_index, acc.num_processes)]
-            chosen = [q * G + j for q in mine for j in range(G) if s.keep[q * G + j]]
-            passes, count = micro_batches(args, acc, s.batch, chosen)   # None: a filler pass
+            passes, count = minibatch_passes(args, run, s, batches[u])
             if count == 0:          # every sample of this mini-batch dropped, on every rank
                 continue
             count /= acc.num_processes   # DDP averages gradients over ranks: the whole mean
-            detach = [None] * len(passes)
-            if args.objective == "clip_cov":
-                seed = args.seed * 1_000_003 + it * 1009 + u
-                detach = clip_cov_selection(args, run, s, passes, seed)
+            seed = derived_seed(args, "clip_cov", it, u)
+            detach = clip_cov_selection(args, run, s, passes, seed) \
+                if args.objective == "clip_cov" else [None] * len(passes)
+            kl = [0.0, 0.0]                                      # k3 KL sum, tokens
             for c, idx in enumerate(passes):
-                ids, attn, resp, old_logp, tis = collate(s.batch, idx or [0], run.pad_id,
-                                                         acc.device, (s.old_logp, s.tis))
-                mask = resp[:, 1:].float() * (idx is not None)   # a filler pass weighs nothing
-                adv = s.advantages[idx or [0]].to(acc.device)
-                if args.tis_cap:    # truncated IS: a per-token weight on A weights the loss
-                    adv = adv[:, None] * tis
-                extra = {} if detach[c] is None else {"detach": detach[c]}
+                inputs, old_logp, mask, adv = pass_inputs(args, run, s, idx)
                 with gradient_sync(acc, run.model, last=c == len(passes) - 1):
-                    lp, ent = token_logprobs(run.model, ids, attn, resp, args.logp_chunk_mb,
-                                             args.head_precision, args.entropy_coef > 0)
-                    loss, st = policy_loss(args, lp, old_logp, adv, mask, count, **extra)
-                    if args.entropy_coef > 0:   # else ent has no graph (and costs nothing)
-                        loss = loss + entropy_bonus(args, ent, mask, count)
-                    kl_ref = 0.0
-                    if run.ref_model is not None:
-                        penalty, kl_ref = reference_kl(args, run.ref_model, (ids, attn, resp),
-                                                       lp, mask, count)
-                        loss = loss + penalty
+                    loss, st, lp, ent, kl_ref = pass_loss(args, run, inputs, old_logp, adv, mask,
+                                                          count, detach[c])
                     acc.backward(loss)
                 if idx is not None:
+                    w = mask.sum().item()
+                    kl = [kl[0] + st["kl_k3"] * w, kl[1] + w]
                     log.add(st, lp.detach(), old_logp, ent.detach(), mask, kl_ref,
                             measure_gap=args.mu_source == "vllm")
-            kl = log.step_kl(acc)          # KL(mu || pi) of this mini-batch, before its step
-            if args.target_kl and kl > args.target_kl:   # drifted too far: skip the rest
+            log.kls.append(minibatch_kl(acc, *kl))    # before this mini-batch's step
+            if args.target_kl and log.kls[-1] > args.target_kl:   # drifted too far: skip the rest
                 run.opt.zero_grad(set_to_none=True)
                 return log
             log.norms.append(float(acc.clip_grad_norm_(run.model.parameters(), args.grad_clip)))

@@ -57,14 +57,12 @@ def seed_everything(seed, rank):
     torch.manual_seed(seed)
 
 
-def micro_batches(args, acc, batch, samples):
-    """This rank's samples of one mini-batch as micro-batches, padded with None (a zero-weight
-    filler pass) up to the most micro-batches any rank has, and the loss denominator of the whole
-    mini-batch over all ranks (tokens for token-mean, sequences otherwise). One collective."""
-    size = args.micro_batch_size
+def micro_batches(size, acc, samples, local_count):
+    """This rank's samples of one mini-batch in micro-batches of `size`, padded with None (a
+    zero-weight filler pass) up to the most micro-batches any rank has, and the loss denominator
+    of the whole mini-batch: every rank's `local_count` summed (train.py takes the rule from
+    gppo.denominator). One collective."""
     chunks = [samples[s:s + size] for s in range(0, len(samples), size)]
-    tokens = [len(batch.completion_ids[i]) for i in samples]
-    local_count = sum(tokens) if args.agg == "token-mean" else sum(t > 0 for t in tokens)
     sizes = acc.gather(torch.tensor([[float(local_count), float(len(chunks))]], device=acc.device))
     n_passes = int(sizes[:, 1].max().item())
     return chunks + [None] * (n_passes - len(chunks)), sizes[:, 0].sum().item()

@@ -43,9 +43,9 @@ class UpdateLog:
         self.sums = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}
         self.tok_b = [0.0] * gppo.MU_BUCKETS      # tokens per mu bucket
         self.clip_b = [0.0] * gppo.MU_BUCKETS     # clipped tokens per mu bucket
-        self.norms, self.kls = [], []             # per step: gradient norm, KL(mu || pi) before it
+        self.norms, self.kls = [], []             # per step: gradient norm, KL(mu || pi) before
+                                                  # it (train.minibatch_kl)
         self.gap = [0.0, 0]                       # |trainer - vLLM| log-prob sum, count (vllm mu)
-        self.step = [0.0, 0.0]                    # this step's k3 KL sum and token count
 
     def add(self, st, lp, old_logp, ent, mask, kl_ref=0.0, measure_gap=False):
         w = mask.sum().item()
@@ -60,16 +60,8 @@ class UpdateLog:
         self.sums["entropy"] += (ent * mask).sum().item()
         self.sums["kl_ref"] += kl_ref
         self.sums["n_tok"] += w
-        self.step = [self.step[0] + st["kl_k3"] * w, self.step[1] + w]
         if measure_gap and not self.norms:   # mu_source vllm, no step yet: pi is the sampler's
             self.gap = [self.gap[0] + ((lp - old_logp).abs() * mask).sum().item(), self.gap[1] + w]
-
-    def step_kl(self, acc):
-        """The mini-batch's KL(mu || pi) per token over all ranks (what --target_kl compares)."""
-        s = acc.reduce(torch.tensor(self.step, dtype=torch.float64, device=acc.device), "sum")
-        self.step = [0.0, 0.0]
-        self.kls.append((s[0] / s[1].clamp(min=1)).item())
-        return self.kls[-1]
 
 
 class MetricsLog:

@@ -167,6 +167,7 @@ def two_ranks(tmp_path_factory):
     return json.loads((out / "result.json").read_text())
 
 
+@pytest.mark.slow
 def test_checkpoint_commits_only_when_every_rank_wrote(two_ranks):
     """Rank 1 writes its files 3 s after rank 0: iter_000001.tmp is renamed only once they are in
     it, so the committed folder holds both ranks' RNG states and no '.tmp' folder is left behind."""
@@ -178,6 +179,7 @@ def test_checkpoint_commits_only_when_every_rank_wrote(two_ranks):
     assert need <= set(two_ranks["after"]["iter_000001"])
 
 
+@pytest.mark.slow
 def test_micro_batches_denominator_spans_every_rank(two_ranks):
     """The mini-batch's 5 sequences (3 + 5 + 2 + 7 + 4 = 21 tokens) split 3 / 2 over the ranks: the
     denominator is every rank's tokens for token-mean and every rank's sequences for the seq-means;

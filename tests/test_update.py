@@ -241,9 +241,9 @@ def test_epochs_reshuffle_inside_update(sampled, monkeypatch):
     update hands a mini-batch's samples to train.micro_batches."""
     used, real = [], train.micro_batches
 
-    def spy(args, acc, batch, samples):
+    def spy(size, acc, samples, local_count):
         used.append(sorted({i // G for i in samples}))
-        return real(args, acc, batch, samples)
+        return real(size, acc, samples, local_count)
 
     monkeypatch.setattr(train, "micro_batches", spy)
     flags = ["--epochs", "2", "--prompts_per_update", "1", "--target_kl", "0"]

@@ -16,6 +16,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import gppo  # noqa: E402
 import train  # noqa: E402
 from infra.checkpoints import save_checkpoint  # noqa: E402
 from infra.distributed import micro_batches  # noqa: E402
@@ -62,7 +63,9 @@ def main(out):
     result["counts"] = {}
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         margs = train.parse_args(["--agg", agg, "--micro_batch_size", "2"])
-        passes, count = micro_batches(margs, acc, batch, mine)
+        tokens = torch.tensor([len(batch.completion_ids[i]) for i in mine])
+        passes, count = micro_batches(margs.micro_batch_size, acc, mine,
+                                      gppo.denominator(tokens, margs.agg))
         result["counts"][agg] = [count, len(passes)]
     acc.wait_for_everyone()
     if acc.is_main_process:
