@@ -34,6 +34,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP
 
+from infra.distributed import full_tensor
 from infra.lora import policy_weights
 
 # vllm and transformers are imported where an engine needs them: each takes seconds to import, and
@@ -102,6 +103,11 @@ def _import_vllm():
     return vllm
 
 
+def engine_dtype(dtype):
+    """choice 4: "auto" is the trainer's float32 on the CPU and bfloat16 on GPUs."""
+    return ("bfloat16" if torch.cuda.is_available() else "float32") if dtype == "auto" else dtype
+
+
 def kv_cache_bytes(config, sequences, tokens, dtype_bytes, margin=1.25):
     """KV cache for `sequences` sequences of `tokens` tokens: 2 (K and V) x layers x KV heads x
     head dim x bytes per token, with a margin for vLLM's block rounding (choice 5)."""
@@ -121,7 +127,7 @@ class VLLMRollout:
         config = AutoConfig.from_pretrained(model_dir)
         self.on_gpu = torch.cuda.is_available()
         # choice 4: the trainer's dtype on the CPU, bfloat16 on GPUs
-        self.dtype = ("bfloat16" if self.on_gpu else "float32") if dtype == "auto" else dtype
+        self.dtype = engine_dtype(dtype)
         self.torch_dtype = getattr(torch, self.dtype)
         if self.on_gpu:
             kwargs = dict(gpu_memory_utilization=gpu_memory_utilization,
@@ -253,7 +259,7 @@ def weight_buckets(model, bucket_mb=256):
         if bucket and size >= limit and here != layer:       # close the bucket between layers
             yield bucket
             bucket, size = [], 0
-        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        full = full_tensor(t)
         bucket.append((name, full.detach()))
         size, layer = size + full.numel() * full.element_size(), here
     if bucket:
@@ -280,8 +286,8 @@ class HFRollout:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if policy is None:
             on_gpu = torch.cuda.is_available()
-            dtype = ("bfloat16" if on_gpu else "float32") if dtype == "auto" else dtype
-            policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+            dtype = getattr(torch, engine_dtype(dtype))
+            policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
             policy = policy.eval()
             policy = policy.to("cuda" if on_gpu else "cpu")
         self.policy, self.max_model_len = policy, max_model_len

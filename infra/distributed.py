@@ -57,6 +57,11 @@ def seed_everything(seed, rank):
     torch.manual_seed(seed)
 
 
+def full_tensor(t):
+    """The whole tensor of an FSDP2 shard (a DTensor, gathered; differentiable), else t itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def micro_batches(size, acc, samples, local_count):
     """This rank's samples of one mini-batch in micro-batches of `size`, padded with None (a
     zero-weight filler pass) up to the most micro-batches any rank has, and the loss denominator

@@ -14,6 +14,8 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from torch.utils.checkpoint import checkpoint
 
+from infra.distributed import full_tensor
+
 
 def _chunk_logp_entropy(hidden, head, targets, precision=None, entropy_grad=False):
     """The LM head and log-softmax of one chunk. precision: bf16 multiplies bf16 inputs (float32
@@ -46,9 +48,7 @@ def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=No
         model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False)
     finally:
         hook.remove()
-    head = inner.get_output_embeddings().weight                          # (V, H)
-    if hasattr(head, "full_tensor"):                                     # FSDP2 shard -> whole
-        head = head.full_tensor()                                        # (differentiable)
+    head = full_tensor(inner.get_output_embeddings().weight)             # (V, H), whole
     targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                 # t predicts t+1
     h, y = seen["h"][:, :-1][where], targets[where]                      # (N, H), (N,)
     if chunk_mb is None:   # on GPUs larger chunks run the head at matmul speed

@@ -17,6 +17,8 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from peft.tuners.lora import LoraLayer
 
+from infra.distributed import full_tensor
+
 
 def add_adapters(model, args):
     """The policy with fresh LoRA adapters (B = 0: the start policy is the base model's); the
@@ -59,7 +61,7 @@ def policy_weights(model):
 
 def _full(t):
     """The whole tensor of an FSDP2 shard (DTensor), else t itself; no gradient."""
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+    return full_tensor(t).detach()
 
 
 def _delta(layer, adapter):
