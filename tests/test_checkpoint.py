@@ -95,6 +95,7 @@ SCHEDULE = ["--train_data", "tiny-math", "--group_size", "2", "--max_new_tokens"
             "--ckpt_every", "1", "--keep_last", "3", "--sample_every", "0"]
 
 
+@pytest.mark.slow
 def test_lr_schedule_resumes_exactly(tmp_path):
     """A cosine schedule with warmup over 3 iterations x 2 AdamW steps: each row logs the lr of the
     iteration's first step (train.learning_rate of steps 0, 2, 4: three different values), and the

@@ -107,6 +107,7 @@ def test_probe_refuses_rows_and_answers_it_cannot_read(rare):
     assert set(PROBES) == {"letters"}
 
 
+@pytest.mark.slow
 def test_a_run_with_the_probe_trains_as_one_without(tmp_path):
     base = [PY, "train.py", "--model", str(RARE / "model"), "--data_dir", str(RARE),
             "--train_data", "tiny-rare-math", "--eval_data", "tiny-rare-math", "--backend", "hf",

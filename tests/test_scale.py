@@ -346,6 +346,7 @@ def rollouts_of(d):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_overlong_mask_drops_truncated_responses(same_batch, tiny):
     off, mask = metrics(same_batch / "off")[0], metrics(same_batch / "mask")[0]
     truncated = sum(rollouts_of(same_batch)["truncated"]) / 64
@@ -355,6 +356,7 @@ def test_overlong_mask_drops_truncated_responses(same_batch, tiny):
     assert (update_of(same_batch / "mask", tiny) - update_of(same_batch / "off", tiny)).abs().max() > 1e-6
 
 
+@pytest.mark.slow
 def test_overlong_punish_is_dapos_soft_penalty(same_batch):
     # DAPO eq. 13: 0 up to max - buffer tokens, then -(len - (max - buffer)) / buffer, -1 at max
     lens = [len(c) for c in rollouts_of(same_batch)["completion_ids"]]
@@ -364,6 +366,7 @@ def test_overlong_punish_is_dapos_soft_penalty(same_batch):
     assert metrics(same_batch / "off")[0]["overlong_penalty"] == 0.0
 
 
+@pytest.mark.slow
 def test_drop_uniform_groups_removes_whole_zero_advantage_groups(same_batch, tiny):
     off, drop = metrics(same_batch / "off")[0], metrics(same_batch / "drop")[0]
     uniform = off["uniform_group_frac"]
@@ -375,6 +378,7 @@ def test_drop_uniform_groups_removes_whole_zero_advantage_groups(same_batch, tin
     assert drop["grad_norm"] > off["grad_norm"] * 1.01
 
 
+@pytest.mark.slow
 def test_truncated_importance_sampling_weights_the_advantages(same_batch):
     # vLLM's and the trainer's log-probs agree here to ~1e-7, so every weight
     # min(pi_old / mu_vllm, 0.5) is 0.5: the gradient is exactly half the plain one
@@ -383,6 +387,7 @@ def test_truncated_importance_sampling_weights_the_advantages(same_batch):
     assert math.isclose(tis["grad_norm"], 0.5 * off["grad_norm"], rel_tol=1e-4), (tis["grad_norm"], off["grad_norm"])
 
 
+@pytest.mark.slow
 def test_truncated_importance_sampling_weighs_each_token(same_batch, tiny):
     """Per token, the TIS weight is min(pi_old / mu_vllm, cap) with pi_old the trainer's log-prob:
     vLLM's log-probs of the recorded batch are shifted by a different amount at every token, and
@@ -418,6 +423,7 @@ def completion_logprobs(model_dir, batch):
     return torch.cat(out)
 
 
+@pytest.mark.slow
 def test_kl_penalty_to_a_reference_is_k3(same_batch, tiny):
     # reference = the policy after the plain update, so KL(policy || ref) > 0 from the first token;
     # with one update over one micro-batch the logged kl_ref is the k3 mean at the start policy

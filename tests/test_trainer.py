@@ -194,6 +194,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_bf16_engine_on_an_fp32_folder_loads_quietly_what_a_bf16_folder_holds(tiny, prompts, tmp_path):
     """rollout.py choice 4: the fp32 folder (as SmolLM2's) under a bf16 engine gets its weights
     cast through the weight sync: none of vLLM's per-tensor dtype warnings, no layer left with its
@@ -359,6 +360,7 @@ def test_presets_parse(preset):
     assert args.model and args.train_data
 
 
+@pytest.mark.slow
 def test_a_tokenizer_without_a_pad_token_pads_with_eos(tiny, tmp_path):
     """Llama base models have no pad token: train.py pads with EOS instead of failing mid-run."""
     import shutil
