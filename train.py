@@ -364,7 +364,7 @@ def learning_rate(args, step):
         return args.lr * step / args.warmup_steps
     if args.lr_schedule == "constant":
         return args.lr
-    total = args.iters * (args.prompts_per_iter // args.prompts_per_update) * args.epochs
+    total = flags.adamw_steps(args)
     progress = min(1.0, (step - args.warmup_steps) / max(1, total - args.warmup_steps))
     decay = 0.5 * (1 + math.cos(math.pi * progress)) if args.lr_schedule == "cosine" \
         else 1 - progress

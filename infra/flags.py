@@ -33,6 +33,11 @@ def run_neutral(saved):
     return RUN_NEUTRAL - {"iters"} if decays else RUN_NEUTRAL
 
 
+def adamw_steps(args):
+    """The run's AdamW steps: iters x P/M x epochs (what --lr_schedule spans)."""
+    return args.iters * (args.prompts_per_iter // args.prompts_per_update) * args.epochs
+
+
 class Names:
     """argparse `choices` read from tables ("gppo.ESTIMATORS": a module's dict or tuple) only when
     argparse needs them, to check a value or print -h (choice 4). Give the flag a `metavar`:
@@ -157,7 +162,7 @@ def check(args):
     for flag in ("kl_coef", "target_kl", "entropy_coef"):
         if getattr(args, flag) < 0:
             bad(args, flag, "a number >= 0")
-    steps = args.iters * (args.prompts_per_iter // args.prompts_per_update) * args.epochs
+    steps = adamw_steps(args)
     if not 0 <= args.warmup_steps <= steps:
         bad(args, "warmup_steps", f"0 to the run's {steps} AdamW steps (iters x P/M x epochs)")
     if not 0 <= args.min_lr_ratio <= 1:
