@@ -109,3 +109,26 @@ def tiny(tmp_path_factory):
     pytest.fail(f"the tiny warm start came out degenerate for seeds {TINY_SEEDS}: the greedy answer "
                 f"of each of the first 8 train problems is {outs[0]!r}; the trainer tests need a "
                 f"model whose answers depend on the prompt (tests/conftest.py, tiny)")
+
+
+# ----------------------------------------------------------------------------------------------
+# train.py runs on the tiny model, and a recorded batch they replay (test_scale.py, test_update.py)
+
+def train_cmd(tiny, out, *flags):
+    # the CPU default's two guards off: each test switches on only the option it checks
+    return [PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--threads", "1",
+            "--prompts_per_iter", "8", "--overlong", "off", "--target_kl", "0", "--out_dir", str(out), *flags]
+
+
+# P = 8 prompts, M = 4 per update: 2 AdamW steps per iteration, each rank holding 2 of a
+# mini-batch's 4 groups; 20-token responses (some truncated); micro-batches of 3 sequences, so a
+# rank that drops a group runs fewer micro-batches than the other
+MP = ["--iters", "1", "--prompts_per_update", "4", "--max_new_tokens", "20", "--micro_batch_size", "3"]
+
+
+@pytest.fixture(scope="session")
+def recorded(tiny, tmp_path_factory):
+    """Two iterations' rollouts, sampled by one process, for runs to replay (most replay the first)."""
+    d = tmp_path_factory.mktemp("recorded")
+    ok(run(train_cmd(tiny, d / "sampled", *MP, "--iters", "2", "--save_rollouts", str(d / "rollouts")))[0])
+    return d

@@ -1,4 +1,5 @@
-"""Issue #5 at tiny scale on this CPU: two processes against one, checkpoints and resume, the options.
+"""Issue #5 at tiny scale on this CPU: two processes against one, checkpoints and resume (the
+options of mature trainers, on the same recorded batch, are in tests/test_update.py).
 
 Run: .venv/bin/python -m pytest tests/test_scale.py -q   (CPU, no network, ~5 min on 2 cores)
 
@@ -16,9 +17,8 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from conftest import ENV, PY, ROOT, load_params, metrics, ok, run, update_of
+from conftest import ENV, MP, PY, ROOT, load_params, metrics, ok, run, train_cmd, update_of
 
 # `accelerate launch` with two processes: --multi_gpu is its torchrun launcher; on a machine
 # without GPUs train.py's Accelerator(cpu=True) then runs them as MULTI_CPU over gloo
@@ -28,40 +28,10 @@ TIMERS = ("time_rollout_s", "time_reward_s", "time_logp_s", "time_update_s", "ti
           "time_iter_s", "tokens_per_s")
 
 
-def train_cmd(tiny, out, *flags):
-    # the CPU default's two guards off: each test switches on only the option it checks
-    return [PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--threads", "1",
-            "--prompts_per_iter", "8", "--overlong", "off", "--target_kl", "0", "--out_dir", str(out), *flags]
-
-
-def run_parallel(cmds, timeout=400):
-    """Two train.py runs at a time (2 cores); every one must succeed."""
-    for i in range(0, len(cmds), 2):
-        procs = [subprocess.Popen(c, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True) for c in cmds[i:i + 2]]
-        for c, p in zip(cmds[i:i + 2], procs):
-            text, _ = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"{' '.join(c[1:])}: exit {p.returncode}\n{text[-4000:]}"
-
-
 # ----------------------------------------------------------------------------------------------
 # 1. two processes compute the update one process computes on the same batch, also when the
 #    ranks keep different numbers of samples (the old trainer hung there: DDP's all-reduce waited
 #    for a backward pass the other rank never ran)
-
-# P = 8 prompts, M = 4 per update: 2 AdamW steps per iteration, each rank holding 2 of a
-# mini-batch's 4 groups; 20-token responses (some truncated); micro-batches of 3 sequences, so a
-# rank that drops a group runs fewer micro-batches than the other
-MP = ["--iters", "1", "--prompts_per_update", "4", "--max_new_tokens", "20", "--micro_batch_size", "3"]
-
-
-@pytest.fixture(scope="module")
-def recorded(tiny, tmp_path_factory):
-    """Two iterations' rollouts, sampled by one process, for the runs below to replay (most replay the first)."""
-    d = tmp_path_factory.mktemp("recorded")
-    ok(run(train_cmd(tiny, d / "sampled", *MP, "--iters", "2", "--save_rollouts", str(d / "rollouts")))[0])
-    return d
-
 
 @pytest.mark.parametrize("option", [[], ["--drop_uniform_groups", "--overlong", "mask"],
                                     ["--lora_rank", "4", "--lr", "3e-3"]], ids=["plain", "drop+mask", "lora"])
@@ -159,54 +129,6 @@ def test_fsdp2_two_processes_with_the_hf_backend(tiny, tmp_path):
     # (measured 1.7e-8 / 1.9e-8: float32 noise of two batch layouts)
     assert [r["iter"] for r in rows] == [1, 2] and all(r["logp_gap_vllm"] < 1e-6 for r in rows), rows
     assert 0 <= json.loads((out / "eval.json").read_text())["avg@1"]["all"] <= 100
-
-
-def uniform_groups(tiny, saved, G=8):
-    """Sample indices of the groups of a saved rollout file whose G rewards are all equal (scored
-    here, independently of train.py)."""
-    import reward
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(tiny / "model"))
-    rows = {json.loads(line)["problem"]: json.loads(line)
-            for name in ("math_train.jsonl", "code_train.jsonl") for line in open(tiny / name)}
-    out = set()
-    for g in range(len(saved["texts"]) // G):
-        row = rows[tok.decode(saved["prompt_ids"][g * G])]
-        if len(set(reward.score_rows(saved["texts"][g * G:(g + 1) * G], [row] * G))) == 1:
-            out |= set(range(g * G, (g + 1) * G))
-    return out
-
-
-@pytest.mark.slow
-def test_overlong_mask_gives_truncated_tokens_no_gradient(tiny, recorded, tmp_path):
-    """--overlong mask: a truncated response's tokens must not reach the gradient. Every third
-    sample of the groups with mixed rewards (non-zero advantages) is marked truncated in a copy of
-    the recorded rollouts; a second copy also replaces those samples' tokens. Under the option the
-    two copies give the same update; without it they do not."""
-    marked, edited = tmp_path / "marked", tmp_path / "edited"
-    marked.mkdir(), edited.mkdir()
-    picked = 0
-    for f in (recorded / "rollouts").iterdir():
-        saved = json.loads(f.read_text())
-        pick = [i for i in range(len(saved["texts"])) if i % 3 == 0 and i not in uniform_groups(tiny, saved)]
-        for i in pick:
-            saved["truncated"][i] = True                         # as if cut at the length limit
-        (marked / f.name).write_text(json.dumps(saved))
-        for i in pick:
-            saved["completion_ids"][i] = [(t * 7 + 3) % 200 + 1 for t in saved["completion_ids"][i]]
-        (edited / f.name).write_text(json.dumps(saved))
-        picked += len(pick)
-    assert picked > 0, "no sample with a non-zero advantage to mark in the recorded batch"
-    # replayed rollouts need no sampler: --backend hf skips vLLM's start (the update is the same)
-    run_parallel([train_cmd(tiny, tmp_path / (name + sub), *MP, *flags, "--backend", "hf",
-                            "--replay_rollouts", str(folder))
-                  for name, folder in (("marked", marked), ("edited", edited))
-                  for flags, sub in ((["--overlong", "mask"], ""), ([], "-off"))])
-    same = (update_of(tmp_path / "marked", tiny) - update_of(tmp_path / "edited", tiny)).abs().max().item()
-    off = (update_of(tmp_path / "marked-off", tiny) - update_of(tmp_path / "edited-off", tiny)).abs().max().item()
-    print(f"\n{picked} samples marked truncated; update change under --overlong mask {same:.3g}, without {off:.3g}")
-    assert off > 1e-6, "without the option the edited tokens must change the update (else the test is vacuous)"
-    assert same <= 1e-7, f"--overlong mask: the tokens of truncated responses changed the update by {same:.3g}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,118 +241,3 @@ def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tiny, tmp_pat
     assert [r["iter"] for r in metrics(out)] == list(range(1, last + 2))
     assert not (ckpts / caught).exists() and (ckpts / caught[:-4] / "trainer_state.json").is_file()
     print(f"\nSIGKILL while {caught} was being written; resumed from {complete[-1]}")
-
-
-# ----------------------------------------------------------------------------------------------
-# 4. the options of mature trainers, each against a run on the same batch without it
-
-@pytest.fixture(scope="module")
-def same_batch(tiny, tmp_path_factory):
-    """One update on one iteration's rollouts, 20-token responses (every code answer and some
-    math ones are cut short), plus the same update with each option on the same rollouts."""
-    d = tmp_path_factory.mktemp("options")
-    base = ["--iters", "1", "--prompts_per_update", "8", "--max_new_tokens", "20"]
-    ok(run(train_cmd(tiny, d / "off", *base, "--save_rollouts", str(d / "rollouts")))[0])
-    options = {"mask": ["--overlong", "mask"],
-               "punish": ["--overlong", "punish", "--overlong_buffer", "8"],
-               "drop": ["--drop_uniform_groups"],
-               "tis": ["--tis_cap", "0.5"],
-               "kl": ["--kl_coef", "1.0", "--ref_model", str(d / "off" / "final")]}
-    run_parallel([train_cmd(tiny, d / name, *base, *flags, "--backend", "hf",   # replayed: no sampler
-                            "--replay_rollouts", str(d / "rollouts")) for name, flags in options.items()])
-    return d
-
-
-def rollouts_of(d):
-    with open(d / "rollouts" / "iter_000001_rank000.json") as f:
-        return json.load(f)
-
-
-@pytest.mark.slow
-def test_overlong_mask_drops_truncated_responses(same_batch, tiny):
-    off, mask = metrics(same_batch / "off")[0], metrics(same_batch / "mask")[0]
-    truncated = sum(rollouts_of(same_batch)["truncated"]) / 64
-    assert 0 < truncated < 1 and off["truncated_frac"] == truncated
-    assert off["kept_frac"] == 1.0
-    assert math.isclose(mask["kept_frac"], 1 - truncated, abs_tol=1e-9)
-    assert (update_of(same_batch / "mask", tiny) - update_of(same_batch / "off", tiny)).abs().max() > 1e-6
-
-
-@pytest.mark.slow
-def test_overlong_punish_is_dapos_soft_penalty(same_batch):
-    # DAPO eq. 13: 0 up to max - buffer tokens, then -(len - (max - buffer)) / buffer, -1 at max
-    lens = [len(c) for c in rollouts_of(same_batch)["completion_ids"]]
-    expected = sum(min(max(0, n - (20 - 8)) / 8, 1.0) for n in lens) / len(lens)
-    got = metrics(same_batch / "punish")[0]["overlong_penalty"]
-    assert expected > 0 and math.isclose(got, expected, rel_tol=1e-6), (got, expected)
-    assert metrics(same_batch / "off")[0]["overlong_penalty"] == 0.0
-
-
-@pytest.mark.slow
-def test_drop_uniform_groups_removes_whole_zero_advantage_groups(same_batch, tiny):
-    off, drop = metrics(same_batch / "off")[0], metrics(same_batch / "drop")[0]
-    uniform = off["uniform_group_frac"]
-    assert 0 < uniform < 1, f"uniform_group_frac {uniform}: the batch cannot show what is dropped"
-    assert drop["uniform_group_frac"] == uniform
-    assert math.isclose(drop["kept_frac"], 1 - uniform, abs_tol=1e-9) and off["kept_frac"] == 1.0
-    # dropping zero-advantage groups changes only the token-mean's denominator: the same direction
-    # of gradient, a larger norm by (all tokens) / (kept tokens) > 1
-    assert drop["grad_norm"] > off["grad_norm"] * 1.01
-
-
-@pytest.mark.slow
-def test_truncated_importance_sampling_weights_the_advantages(same_batch):
-    # vLLM's and the trainer's log-probs agree here to ~1e-7, so every weight
-    # min(pi_old / mu_vllm, 0.5) is 0.5: the gradient is exactly half the plain one
-    off, tis = metrics(same_batch / "off")[0], metrics(same_batch / "tis")[0]
-    assert off["logp_gap_vllm"] < 1e-4
-    assert math.isclose(tis["grad_norm"], 0.5 * off["grad_norm"], rel_tol=1e-4), (tis["grad_norm"], off["grad_norm"])
-
-
-@pytest.mark.slow
-def test_truncated_importance_sampling_weighs_each_token(same_batch, tiny):
-    """Per token, the TIS weight is min(pi_old / mu_vllm, cap) with pi_old the trainer's log-prob:
-    vLLM's log-probs of the recorded batch are shifted by a different amount at every token, and
-    train.behaviour_logprobs must return exactly those per-token ratios, capped."""
-    import train
-    from rollout import RolloutBatch
-    saved = rollouts_of(same_batch)
-    saved.pop("positions")
-    shift = lambda t: 0.3 * math.sin(1.7 * t + 0.4)          # noqa: E731  per-token shift of mu_vllm
-    saved["logprobs"] = [[lp + shift(t) for t, lp in enumerate(lps)] for lps in saved["logprobs"]]
-    batch = RolloutBatch(**saved)
-    args = train.parse_args(["--model", str(tiny / "model"), "--tis_cap", "1.1", "--micro_batch_size", "5"])
-    model = AutoModelForCausalLM.from_pretrained(str(tiny / "model"), dtype=torch.float32).eval()
-    old, tis, gap = train.behaviour_logprobs(args, model, batch, 0, torch.device("cpu"))
-    trainer = completion_logprobs(tiny / "model", saved)                 # written out independently
-    vllm = torch.tensor([x for lps in saved["logprobs"] for x in lps])
-    expected = (trainer - vllm).exp().clamp(max=1.1)
-    got = torch.cat(tis)
-    assert got.std() > 0.05 and (got < 1.1).any() and (got == 1.1).any(), "weights must vary per token and hit the cap"
-    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
-    assert torch.allclose(torch.cat(old), trainer, atol=1e-5)           # mu: the trainer's own log-probs
-    assert gap[1] == len(got) and math.isclose(gap[0] / gap[1], (trainer - vllm).abs().mean().item(), rel_tol=1e-4)
-
-
-@torch.no_grad()
-def completion_logprobs(model_dir, batch):
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    out = []
-    for p, c in zip(batch["prompt_ids"], batch["completion_ids"]):
-        ids = torch.tensor([p + c])
-        lp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
-        out.append(lp[len(p) - 1:])
-    return torch.cat(out)
-
-
-@pytest.mark.slow
-def test_kl_penalty_to_a_reference_is_k3(same_batch, tiny):
-    # reference = the policy after the plain update, so KL(policy || ref) > 0 from the first token;
-    # with one update over one micro-batch the logged kl_ref is the k3 mean at the start policy
-    batch = rollouts_of(same_batch)
-    d = completion_logprobs(same_batch / "off" / "final", batch) - completion_logprobs(tiny / "model", batch)
-    expected = (d.exp() - d - 1).mean().item()
-    got = metrics(same_batch / "kl")[0]["kl_ref"]
-    assert expected > 0 and math.isclose(got, expected, rel_tol=1e-3), (got, expected)
-    assert metrics(same_batch / "off")[0]["kl_ref"] == 0.0
-    assert (update_of(same_batch / "kl", tiny) - update_of(same_batch / "off", tiny)).abs().max() > 1e-6

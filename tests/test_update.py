@@ -5,15 +5,22 @@ bugs an end-to-end run does not (advantages without the std, clipping off, a --t
 epochs or mini-batch order lost, micro-batching that changes the update), and flags that must reach
 the computation (--head_precision, --epochs' reshuffle, --kl_coef's sign and size,
 --drop_uniform_groups, each --agg's whole-mini-batch denominator, --entropy_coef's gradient,
---lr_schedule's lr at every AdamW step)."""
+--lr_schedule's lr at every AdamW step).
+
+The last section runs train.py itself (slow tier): the options of mature trainers (--overlong mask
+and punish, --drop_uniform_groups, --tis_cap, --kl_coef with --ref_model), each against a run on the
+same recorded batch without it (--save_rollouts / --replay_rollouts, conftest.py's tiny model)."""
 import copy
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
+
+from conftest import ENV, MP, ROOT, metrics, ok, run, train_cmd, update_of
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gppo  # noqa: E402
@@ -472,3 +479,177 @@ def test_lr_schedule_reaches_every_adamw_step(sampled):
     want = [train.learning_rate(args, k) for k in range(2 * steps)]
     assert seen == want and len(set(want)) == len(want) and want[0] == 0.0
     assert logged == [want[0], want[steps]] and logged[0] != logged[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# the options of mature trainers through train.py (subprocess runs on the session's tiny model,
+# conftest.py), each against a run on the same recorded batch without it
+
+def run_parallel(cmds, timeout=400):
+    """Two train.py runs at a time (2 cores); every one must succeed."""
+    for i in range(0, len(cmds), 2):
+        procs = [subprocess.Popen(c, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for c in cmds[i:i + 2]]
+        for c, p in zip(cmds[i:i + 2], procs):
+            text, _ = p.communicate(timeout=timeout)
+            assert p.returncode == 0, f"{' '.join(c[1:])}: exit {p.returncode}\n{text[-4000:]}"
+
+
+def uniform_groups(tiny, saved, G=8):
+    """Sample indices of the groups of a saved rollout file whose G rewards are all equal (scored
+    here, independently of train.py)."""
+    import reward
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tiny / "model"))
+    rows = {json.loads(line)["problem"]: json.loads(line)
+            for name in ("math_train.jsonl", "code_train.jsonl") for line in open(tiny / name)}
+    out = set()
+    for g in range(len(saved["texts"]) // G):
+        row = rows[tok.decode(saved["prompt_ids"][g * G])]
+        if len(set(reward.score_rows(saved["texts"][g * G:(g + 1) * G], [row] * G))) == 1:
+            out |= set(range(g * G, (g + 1) * G))
+    return out
+
+
+@pytest.mark.slow
+def test_overlong_mask_gives_truncated_tokens_no_gradient(tiny, recorded, tmp_path):
+    """--overlong mask: a truncated response's tokens must not reach the gradient. Every third
+    sample of the groups with mixed rewards (non-zero advantages) is marked truncated in a copy of
+    the recorded rollouts; a second copy also replaces those samples' tokens. Under the option the
+    two copies give the same update; without it they do not."""
+    marked, edited = tmp_path / "marked", tmp_path / "edited"
+    marked.mkdir(), edited.mkdir()
+    picked = 0
+    for f in (recorded / "rollouts").iterdir():
+        saved = json.loads(f.read_text())
+        pick = [i for i in range(len(saved["texts"])) if i % 3 == 0 and i not in uniform_groups(tiny, saved)]
+        for i in pick:
+            saved["truncated"][i] = True                         # as if cut at the length limit
+        (marked / f.name).write_text(json.dumps(saved))
+        for i in pick:
+            saved["completion_ids"][i] = [(t * 7 + 3) % 200 + 1 for t in saved["completion_ids"][i]]
+        (edited / f.name).write_text(json.dumps(saved))
+        picked += len(pick)
+    assert picked > 0, "no sample with a non-zero advantage to mark in the recorded batch"
+    # replayed rollouts need no sampler: --backend hf skips vLLM's start (the update is the same)
+    run_parallel([train_cmd(tiny, tmp_path / (name + sub), *MP, *flags, "--backend", "hf",
+                            "--replay_rollouts", str(folder))
+                  for name, folder in (("marked", marked), ("edited", edited))
+                  for flags, sub in ((["--overlong", "mask"], ""), ([], "-off"))])
+    same = (update_of(tmp_path / "marked", tiny) - update_of(tmp_path / "edited", tiny)).abs().max().item()
+    off = (update_of(tmp_path / "marked-off", tiny) - update_of(tmp_path / "edited-off", tiny)).abs().max().item()
+    print(f"\n{picked} samples marked truncated; update change under --overlong mask {same:.3g}, without {off:.3g}")
+    assert off > 1e-6, "without the option the edited tokens must change the update (else the test is vacuous)"
+    assert same <= 1e-7, f"--overlong mask: the tokens of truncated responses changed the update by {same:.3g}"
+
+
+@pytest.fixture(scope="module")
+def same_batch(tiny, tmp_path_factory):
+    """One update on one iteration's rollouts, 20-token responses (every code answer and some
+    math ones are cut short), plus the same update with each option on the same rollouts."""
+    d = tmp_path_factory.mktemp("options")
+    base = ["--iters", "1", "--prompts_per_update", "8", "--max_new_tokens", "20"]
+    ok(run(train_cmd(tiny, d / "off", *base, "--save_rollouts", str(d / "rollouts")))[0])
+    options = {"mask": ["--overlong", "mask"],
+               "punish": ["--overlong", "punish", "--overlong_buffer", "8"],
+               "drop": ["--drop_uniform_groups"],
+               "tis": ["--tis_cap", "0.5"],
+               "kl": ["--kl_coef", "1.0", "--ref_model", str(d / "off" / "final")]}
+    run_parallel([train_cmd(tiny, d / name, *base, *flags, "--backend", "hf",   # replayed: no sampler
+                            "--replay_rollouts", str(d / "rollouts")) for name, flags in options.items()])
+    return d
+
+
+def rollouts_of(d):
+    with open(d / "rollouts" / "iter_000001_rank000.json") as f:
+        return json.load(f)
+
+
+@pytest.mark.slow
+def test_overlong_mask_drops_truncated_responses(same_batch, tiny):
+    off, mask = metrics(same_batch / "off")[0], metrics(same_batch / "mask")[0]
+    truncated = sum(rollouts_of(same_batch)["truncated"]) / 64
+    assert 0 < truncated < 1 and off["truncated_frac"] == truncated
+    assert off["kept_frac"] == 1.0
+    assert math.isclose(mask["kept_frac"], 1 - truncated, abs_tol=1e-9)
+    assert (update_of(same_batch / "mask", tiny) - update_of(same_batch / "off", tiny)).abs().max() > 1e-6
+
+
+@pytest.mark.slow
+def test_overlong_punish_is_dapos_soft_penalty(same_batch):
+    # DAPO eq. 13: 0 up to max - buffer tokens, then -(len - (max - buffer)) / buffer, -1 at max
+    lens = [len(c) for c in rollouts_of(same_batch)["completion_ids"]]
+    expected = sum(min(max(0, n - (20 - 8)) / 8, 1.0) for n in lens) / len(lens)
+    got = metrics(same_batch / "punish")[0]["overlong_penalty"]
+    assert expected > 0 and math.isclose(got, expected, rel_tol=1e-6), (got, expected)
+    assert metrics(same_batch / "off")[0]["overlong_penalty"] == 0.0
+
+
+@pytest.mark.slow
+def test_drop_uniform_groups_removes_whole_zero_advantage_groups(same_batch, tiny):
+    off, drop = metrics(same_batch / "off")[0], metrics(same_batch / "drop")[0]
+    uniform = off["uniform_group_frac"]
+    assert 0 < uniform < 1, f"uniform_group_frac {uniform}: the batch cannot show what is dropped"
+    assert drop["uniform_group_frac"] == uniform
+    assert math.isclose(drop["kept_frac"], 1 - uniform, abs_tol=1e-9) and off["kept_frac"] == 1.0
+    # dropping zero-advantage groups changes only the token-mean's denominator: the same direction
+    # of gradient, a larger norm by (all tokens) / (kept tokens) > 1
+    assert drop["grad_norm"] > off["grad_norm"] * 1.01
+
+
+@pytest.mark.slow
+def test_truncated_importance_sampling_weights_the_advantages(same_batch):
+    # vLLM's and the trainer's log-probs agree here to ~1e-7, so every weight
+    # min(pi_old / mu_vllm, 0.5) is 0.5: the gradient is exactly half the plain one
+    off, tis = metrics(same_batch / "off")[0], metrics(same_batch / "tis")[0]
+    assert off["logp_gap_vllm"] < 1e-4
+    assert math.isclose(tis["grad_norm"], 0.5 * off["grad_norm"], rel_tol=1e-4), (tis["grad_norm"], off["grad_norm"])
+
+
+@pytest.mark.slow
+def test_truncated_importance_sampling_weighs_each_token(same_batch, tiny):
+    """Per token, the TIS weight is min(pi_old / mu_vllm, cap) with pi_old the trainer's log-prob:
+    vLLM's log-probs of the recorded batch are shifted by a different amount at every token, and
+    train.behaviour_logprobs must return exactly those per-token ratios, capped."""
+    from transformers import AutoModelForCausalLM
+    saved = rollouts_of(same_batch)
+    saved.pop("positions")
+    shift = lambda t: 0.3 * math.sin(1.7 * t + 0.4)          # noqa: E731  per-token shift of mu_vllm
+    saved["logprobs"] = [[lp + shift(t) for t, lp in enumerate(lps)] for lps in saved["logprobs"]]
+    batch = RolloutBatch(**saved)
+    args = train.parse_args(["--model", str(tiny / "model"), "--tis_cap", "1.1", "--micro_batch_size", "5"])
+    model = AutoModelForCausalLM.from_pretrained(str(tiny / "model"), dtype=torch.float32).eval()
+    old, tis, gap = train.behaviour_logprobs(args, model, batch, 0, torch.device("cpu"))
+    trainer = completion_logprobs(tiny / "model", saved)                 # written out independently
+    vllm = torch.tensor([x for lps in saved["logprobs"] for x in lps])
+    expected = (trainer - vllm).exp().clamp(max=1.1)
+    got = torch.cat(tis)
+    assert got.std() > 0.05 and (got < 1.1).any() and (got == 1.1).any(), "weights must vary per token and hit the cap"
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+    assert torch.allclose(torch.cat(old), trainer, atol=1e-5)           # mu: the trainer's own log-probs
+    assert gap[1] == len(got) and math.isclose(gap[0] / gap[1], (trainer - vllm).abs().mean().item(), rel_tol=1e-4)
+
+
+@torch.no_grad()
+def completion_logprobs(model_dir, batch):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    out = []
+    for p, c in zip(batch["prompt_ids"], batch["completion_ids"]):
+        ids = torch.tensor([p + c])
+        lp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
+        out.append(lp[len(p) - 1:])
+    return torch.cat(out)
+
+
+@pytest.mark.slow
+def test_kl_penalty_to_a_reference_is_k3(same_batch, tiny):
+    # reference = the policy after the plain update, so KL(policy || ref) > 0 from the first token;
+    # with one update over one micro-batch the logged kl_ref is the k3 mean at the start policy
+    batch = rollouts_of(same_batch)
+    d = completion_logprobs(same_batch / "off" / "final", batch) - completion_logprobs(tiny / "model", batch)
+    expected = (d.exp() - d - 1).mean().item()
+    got = metrics(same_batch / "kl")[0]["kl_ref"]
+    assert expected > 0 and math.isclose(got, expected, rel_tol=1e-3), (got, expected)
+    assert metrics(same_batch / "off")[0]["kl_ref"] == 0.0
+    assert (update_of(same_batch / "kl", tiny) - update_of(same_batch / "off", tiny)).abs().max() > 1e-6
