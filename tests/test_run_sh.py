@@ -1,4 +1,4 @@
-"""What a newcomer runs first: run.sh's run folder and closing table, and what git ignores.
+"""What a newcomer runs first: run.sh's folder, closing table and refusals, and what git ignores.
 
 Run: .venv/bin/python -m pytest tests/test_run_sh.py -q   (CPU, no network; about 1 minute, the
 tiny model of conftest.py included)
@@ -137,3 +137,15 @@ def test_run_sh_trains_a_divergence_with_a_parameter(tiny, tmp_path):
     names = [name for name, _ in sweep.methods()]
     cells = len(gppo.DIVERGENCES) * len(gppo.ESTIMATORS)   # named divergences only, however many
     assert len(names) == len(gppo.BASELINES) + cells and not any(":" in n for n in names)
+
+
+@pytest.mark.parametrize("argv,bad,accepted", [
+    (["foo"], "foo", "'grpo', 'ppo', 'dapo', 'dppo', 'ripo', 'gspo'"),
+    (["foo", "atomic"], "foo", f"accepted: {', '.join(gppo.divergence_names())}"),   # any added too
+    (["kl", "foo"], "foo", "'mc', 'atomic', 'binary'"),
+])
+def test_run_sh_refuses_unknown_cells(argv, bad, accepted):
+    proc, _ = run(["bash", "run.sh", *argv], timeout=60)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"'{bad}'" in text and accepted in text, text
