@@ -14,7 +14,7 @@ truth) raises ValueError. Tests: `python -m pytest tests/test_reward.py tests/te
 
 Design choices:
 1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
-   trainer's process: math answers go to worker processes (infra/workers.py), programs to
+   trainer's process: math answers go to worker processes (infra/checkers.py), programs to
    sandboxes (infra/sandbox.py).
 2. Math is judged by math-verify (parse + verify, gold first) on the final answer in the tail of
    the completion: whichever comes last of its final boxed answer (choice 10), a DAPO-style
@@ -82,7 +82,7 @@ import re
 import secrets
 from typing import Callable
 
-from infra import sandbox, workers as pool
+from infra import checkers, sandbox
 
 # --- configuration (defaults; timeouts can also be passed per call) ---
 MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
@@ -254,7 +254,7 @@ def _math_judge(answer, gold, timeout):
     answer, gold = _number_forms(answer), _number_forms(_clean(gold))  # MATH boxes "1 + i."
     if _LONE_I.search(gold):  # a complex gold: i is sympy's I in both (math-verify: a symbol)
         answer, gold = _LONE_I.sub("I", answer), _LONE_I.sub("I", gold)
-    return pool.verdict("math", gold, answer, timeout)
+    return checkers.verdict("math", gold, answer, timeout)
 
 
 def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
@@ -422,7 +422,7 @@ class Task:
     extract: Callable        # completion -> the answer `judge` gets (a str), or None (scores 0)
     judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]
     timeout: float = 5.0     # default limit per item (seconds), passed to judge
-    uses_pool: bool = False  # judge asks the checker workers (infra/workers.py): start them first
+    uses_pool: bool = False  # judge asks the checker workers (infra/checkers.py): start them first
 
 
 def _code_instruction(row):
@@ -448,7 +448,7 @@ TASKS = {
                  judge=_code_judge, timeout=CODE_TIMEOUT_S),
     "rg": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_rg_gold,
                extract=extract_answer, timeout=RG_TIMEOUT_S, uses_pool=True,
-               judge=lambda a, gold, t: pool.verdict("rg", gold, a, t)),
+               judge=lambda a, gold, t: checkers.verdict("rg", gold, a, t)),
     "exact": Task(instruction=lambda row: row["problem"] + ANSWER_SUFFIX, check=_exact_gold,
                   extract=extract_answer,
                   judge=lambda a, gold, t: float(" ".join(a.split()) == gold)),
@@ -474,7 +474,7 @@ def score(task, completions, ground_truths, workers=None, timeout=None):
     workers = workers or max(1, len(os.sched_getaffinity(0))
                              // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     if t.uses_pool:
-        pool.start(workers)
+        checkers.start(workers)
     answers = [t.extract(c) if isinstance(c, str) else None for c in completions]
 
     def run(a, g):

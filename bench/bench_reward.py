@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reward  # noqa: E402
-from infra import sandbox, workers as pool  # noqa: E402
+from infra import checkers, sandbox  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
 parser.add_argument("--n-math", type=int, default=256, help="math completions per batch")
@@ -76,4 +76,4 @@ for task, batch in (("math", math_batch), ("code", code_batch)):
     print(f"{task}: {len(batch)} items, mean reward {sum(scores) / len(scores):.2f} | "
           f"first call {first:.2f}s (incl. start-up) | steady {max(rates):.0f} items/s "
           f"(best of {args.repeats}; all: {', '.join(f'{r:.0f}' for r in rates)})")
-pool.close()
+checkers.close()

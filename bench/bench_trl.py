@@ -95,7 +95,7 @@ def run_trl(use_vllm):
     from trl import GRPOConfig, GRPOTrainer
     import reward
     from data.loaders import format_prompt, load_problems
-    from infra import workers
+    from infra import checkers
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -139,7 +139,7 @@ def run_trl(use_vllm):
     trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=cfg, train_dataset=data,
                           processing_class=tok, callbacks=[timer])
     trainer.train()
-    workers.close()
+    checkers.close()
     its = [b - a for a, b in zip(timer.t, timer.t[1:])]
     Path(args.result).write_text(json.dumps({"iter_s": its, "response_len": timer.lens,
                                              "generation": "vllm colocate" if use_vllm else "transformers generate"}))

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reward  # noqa: E402
-from infra import sandbox, workers  # noqa: E402
+from infra import checkers, sandbox  # noqa: E402
 
 MARK = "rw-test-leftover-marker"  # put in the argv of processes an attack starts
 
@@ -200,12 +200,12 @@ def test_math_stuck_worker_is_killed_and_replaced():
     # A hard limit below math-verify's own 1 s alarm: the worker is genuinely busy in sympy
     # when the wall clock runs out, so the caller must kill it and start another.
     reward.score("math", ["\\boxed{1}"], ["1"], workers=1)
-    pids = {w.proc.pid for w in workers._workers}
+    pids = {w.proc.pid for w in checkers._workers}
     t = time.monotonic()
     slow = "\\left(\\frac{3}{2}\\right)^{10^{8}} - 1"
-    assert workers.verdict("math", "1", slow, 0.5) == 0.0
+    assert checkers.verdict("math", "1", slow, 0.5) == 0.0
     assert time.monotonic() - t < 1.5
-    assert pids != {w.proc.pid for w in workers._workers}  # one was replaced
+    assert pids != {w.proc.pid for w in checkers._workers}  # one was replaced
     assert reward.score("math", ["\\boxed{7}"] * 4, ["7"] * 4) == [1.0] * 4  # pool still works
 
 
@@ -249,8 +249,8 @@ def test_rg_identical_answers_are_judged_once(monkeypatch):
     gt = rg_rows()[0]["ground_truth"]
     a = int(json.loads(gt)["entry"]["answer"])
     calls = []
-    real = workers.verdict
-    monkeypatch.setattr(workers, "verdict", lambda *args: calls.append(args) or real(*args))
+    real = checkers.verdict
+    monkeypatch.setattr(checkers, "verdict", lambda *args: calls.append(args) or real(*args))
     got = reward.score("rg", [f"Answer: {a}", f"thinking...\nAnswer: {a}", f"Answer: {a + 1}"] * 4, [gt] * 12)
     assert got == [1.0, 1.0, 0.0] * 4 and len(calls) == 2
 
@@ -263,13 +263,13 @@ def test_rg_malformed_ground_truth_raises():
 
 def test_worker_pool_is_shared_by_the_ranks_of_a_node(monkeypatch):
     # under `accelerate launch` each of LOCAL_WORLD_SIZE ranks scores at once on the same cores
-    workers.close()
+    checkers.close()
     monkeypatch.setattr(reward.os, "sched_getaffinity", lambda pid: set(range(8)))
     for local_world, expected in (("4", 2), ("16", 1)):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
         assert reward.score("math", ["\\boxed{1}"], ["1"]) == [1.0]
-        assert len(workers._workers) == expected
-        workers.close()
+        assert len(checkers._workers) == expected
+        checkers.close()
 
 
 # ------------------------------------------------------------------------------------ code

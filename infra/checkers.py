@@ -1,10 +1,10 @@
 """
-The checker workers of reward.py: persistent processes that judge answers (math-verify,
+The checker processes of reward.py: persistent workers that judge answers (math-verify,
 reasoning-gym), each killed and replaced when an item runs past its wall-clock limit.
 
-    workers.start(4)                               # reward.score does this for tasks that use them
-    workers.verdict("math", gold, answer, 5.0)     # 1.0 or 0.0, within about 5 s
-    workers.close()                                # also at exit; the next start makes new ones
+    checkers.start(4)                              # reward.score does this for tasks that use them
+    checkers.verdict("math", gold, answer, 5.0)    # 1.0 or 0.0, within about 5 s
+    checkers.close()                               # also at exit; the next start makes new ones
 
 Choices:
 1. The caller keeps the time, not the checker: math-verify times out with signal.alarm, which only
@@ -106,7 +106,7 @@ class _Worker:
         # `-m` from the repository root: sys.path[0] is the root, not infra/, whose module names
         # (flags, metrics, ...) would otherwise shadow same-named packages a checker imports
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.workers", "--worker"], bufsize=0, cwd=_ROOT,
+            [sys.executable, "-m", "infra.checkers", "--worker"], bufsize=0, cwd=_ROOT,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the trainer's process group: Ctrl-C is the trainer's
         self.buf, self.loaded = b"", set()
@@ -139,7 +139,7 @@ class _Worker:
                 got = (reply or b'no reply').decode(errors='replace')
                 raise RuntimeError(f"the {kind} checker failed to load in a reward worker ({got}); "
                                    f"is {_INSTALL[kind]} installed? try: cd {_ROOT} && "
-                                   f"{sys.executable} -m infra.workers --worker")
+                                   f"{sys.executable} -m infra.checkers --worker")
             self.loaded.add(kind)
         return self._readline(limit) if self._send([kind, gold, answer, limit]) else None
 
