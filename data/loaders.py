@@ -35,61 +35,41 @@ Choices:
    there). Rows with no tests, or no problem text, are dropped.
 6. The math eval sets have only a "test" split (whatever the hub calls it), so they cannot be
    trained on by accident; an unknown split raises ValueError listing the ones there are.
-7. reasoning-gym sets are generated, not fetched: `rg:<name>[?key=value&...]`, where the keys are
-   the data set's config fields (values read as Python literals, else strings) plus ours: `seed`
-   (default 0), `size` (problems generated for train, default 1000; the shots of choice 8 are
-   taken out of them), `test_size` (default 200). Its generators draw item i from
-   Random(seed + i), so the test split uses seed + 2^31 (far from any train index) and also drops
-   every problem whose text is in the train split (shots included) or already in the test split.
-   It generates until it has test_size problems, giving up after 20 x test_size + 100 tries: then
-   it warns and returns fewer, or raises ValueError if it found none (too few distinct problems).
+7. reasoning-gym sets are generated, not fetched, by data/rg.py: `rg:<name>[?key=value&...]`, the
+   keys the data set's config fields plus `seed`, `size` and `test_size`; its docstring says how
+   the train and test splits are kept disjoint and when it returns fewer test problems.
 8. Few-shot ("fewshot", "fewshot:k", default k = 2): ChatML turns, each shot a train problem as
    the user turn and "Answer: <answer>" as the assistant turn (exactly the line reward.py
-   extracts), then the real problem. The shots are RG_SHOTS train problems picked with a fixed
-   seed and withheld from the train rows (a training problem never has its answer in its own
-   prompt); every row, train or test, carries the same pool in row["shots"], so the trainer and
-   eval pass nothing extra and all prompts share one prefix (vLLM's prefix cache reuses it).
-   SmolLM2's chat template adds its default system prompt ("You are a helpful AI assistant named
-   SmolLM, trained by Hugging Face") when none is given; we keep it: the model was tuned with it.
+   extracts), then the real problem. The shots are the pool of RG_SHOTS train problems that every
+   rg: row, train or test, carries in row["shots"], withheld from the train rows (data/rg.py
+   choice 3). SmolLM2's chat template adds its default system prompt ("You are a helpful AI
+   assistant named SmolLM, trained by Hugging Face") when none is given; we keep it: the model
+   was tuned with it.
 9. Your own data: `jsonl:PREFIX` reads split S from the file PREFIX_S.jsonl (relative to the working
    directory; --data_dir does not apply), one JSON object a line with "problem", "answer" and
    "task" (and optionally "id"; other fields are ignored). Each answer passes its task's check
-   (reward.TASKS) as it is read; a missing file, bad JSON, a missing field, an unknown task or a bad
-   answer is refused naming the file and line. The answer is kept as JSON parsed it (a str, number,
-   list or dict) in row["ground_truth"]: the task's check gets that same value here, in load_rows and
-   in reward.score (reward.Task). A code spec must take one of the two forms reward.py judges,
-   stdin/stdout (every input a string fed to stdin) or call-style ("fn_name", every input the list
-   of one call's arguments); a spec in neither (list inputs without fn_name, fn_name with inputs
-   that are not lists, numbers, objects, null or booleans as stdin) is refused, as a correct program
-   would score 0 on it. The tiny sets stay a case of their own: data/prepare.py
-   writes them already in the row schema, and --data_dir finds them beside the tiny model.
+   (reward.TASKS) as it is read, and a code spec must be one of the two forms reward.py judges
+   (_check_code_form); a missing file, bad JSON, a missing field, an unknown task or a bad answer is
+   refused naming the file and line. The answer is kept as JSON parsed it (a str, number, list or
+   dict) in row["ground_truth"]: the task's check gets that same value here, in load_rows and in
+   reward.score (reward.Task). The tiny sets stay a case of their own: data/prepare.py writes them
+   already in the row schema, and --data_dir finds them beside the tiny model.
 10. Answers inside a worked solution: GSM8K's answer text ends with a line "#### 72"; the ground
    truth is what follows the last "####", thousands separators out ("1,234" -> "1234"), and the
    worked solution stays out of the row. MATH (hendrycks-math) has no answer column: the ground
-   truth is the final boxed answer of the solution (reward.final_boxed, the parser that reads
-   completions): its last \\boxed{...} (or \\fbox{...}), braces balanced, with the boxes just
-   before it that only punctuation, "and"/"or" or spacing separate from it, joined by ", "
-   ("\\boxed{2}, \\boxed{5}, \\boxed{13}" is "2, 5, 13"; the MATH authors' grader took the last
-   box alone, which no answer can match). A problem that asks for one of two ("Enter only one of
-   the foci, not both") keeps the last box: its solution boxes both and either is right. On
-   MATH-500, where H4 ships both, it equals the "answer" column on 499 of 500 rows; the 500th
-   (number_theory/459) boxes one value in two forms, "15\\frac{39}{40}, \\frac{639}{40}", which
-   either form matches. A solution without one, or whose answer the math task refuses (a bare
-   word: reward.py choice 8), is dropped. MATH-500 is a subset of MATH's test split, never of
-   its train.
+   truth is the final boxed answer of the solution (_hendrycks_math says which). MATH-500 is a
+   subset of MATH's test split, never of its train.
 """
-import ast
-import functools
 import json
 import os
 import random
 import re
-import sys
 from glob import glob
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import reward  # the task registry (the repo root is on sys.path: the scripts run from it)
+from data.rg import RG_SHOTS, load_rg  # reasoning-gym sets (rg:NAME), generated there
 from reward import DAPO_PREFIX, DAPO_SUFFIX  # a task's prompt text lives with its reward
 
 HERE = Path(__file__).resolve().parent
@@ -99,10 +79,6 @@ HUB_DIR = HERE / "hub"    # where the fetch command puts hub copies
 
 EURUS_CODE_SUFFIX = re.compile(r"\s*Write Python code to solve the problem\. Present the code in.*\Z", re.S)
 TEMPLATES = ("plain", "dapo", "code", "chat", "fewshot[:k]")
-RG_SIZES = {"train": 1000, "test": 200}  # default problems per split of an rg: set (choice 7)
-RG_SHOTS = 8                             # the shot pool attached to every rg row (choice 8)
-RG_TEST_SEED = 1 << 31                   # the test split's seed offset (choice 7)
-RG_INSTALL = "pip install reasoning-gym==0.1.25  (or: bash setup.sh)"
 JSONL_FIELDS = ("problem", "answer", "task")  # what each line of a jsonl:PREFIX file needs (choice 9)
 
 
@@ -137,8 +113,16 @@ def _gsm8k(r, i):
 
 
 def _hendrycks_math(r, i):
-    """MATH (choice 10): the answer is the solution's final boxed answer (several boxes in a row
-    joined); rows without one, or with one the math task refuses, are dropped."""
+    """MATH (choice 10): the answer is the solution's final boxed answer (reward.final_boxed, the
+    parser that reads completions): its last \\boxed{...} (or \\fbox{...}), braces balanced, with
+    the boxes just before it that only punctuation, "and"/"or" or spacing separate from it, joined
+    by ", " ("\\boxed{2}, \\boxed{5}, \\boxed{13}" is "2, 5, 13"; the MATH authors' grader took the
+    last box alone, which no answer can match). A problem that asks for one of two ("Enter only one
+    of the foci, not both") keeps the last box: its solution boxes both and either is right. On
+    MATH-500, where H4 ships both, it equals the "answer" column on 499 of 500 rows; the 500th
+    (number_theory/459) boxes one value in two forms, "15\\frac{39}{40}, \\frac{639}{40}", which
+    either form matches. A solution without one, or whose answer the math task refuses (a bare
+    word: reward.py choice 8), is dropped."""
     found = reward.final_boxed(r["solution"])
     if found and re.search(r"\bnot both\b", r["problem"]):
         # "Enter only one of the foci, not both": the solution boxes both and either is right;
@@ -283,7 +267,9 @@ def _load_tiny(name: str, split: str, data_dir: str | None) -> list[dict]:
 def _check_code_form(spec: dict):
     """A jsonl: code spec must be one of the two forms reward.py judges (choice 9): stdin/stdout
     (no fn_name, every input a string) or call-style (fn_name, every input a list of arguments).
-    Anything else would load and score a correct program 0, so it is refused with the fix."""
+    Anything else (list inputs without fn_name, fn_name with inputs that are not lists, numbers,
+    objects, null or booleans as stdin) would load and score a correct program 0, so it is refused
+    with the fix."""
     fn_name, js = spec.get("fn_name"), lambda v: json.dumps(v, default=str)  # as written in the file
     for i, x in enumerate(spec["inputs"], 1):
         if fn_name and not isinstance(x, list):
@@ -358,7 +344,7 @@ def load_problems(name: str, split: str = "train", data_dir: str | None = None,
     if name in TINY:
         return _load_tiny(name, split, data_dir)[:limit]
     if name.startswith("rg:"):
-        return _load_rg(name, split)[:limit]
+        return load_rg(name, split)[:limit]
     if name.startswith("jsonl:"):
         return _load_jsonl(name, split)[:limit]
     if name not in HUB:
@@ -374,98 +360,6 @@ def load_problems(name: str, split: str = "train", data_dir: str | None = None,
         seen.add(out[1])
         rows.append({"id": out[0], "task": hub.task, "problem": out[1], "ground_truth": out[2], "source": name})
     return rows
-
-
-# ----------------------------------------------------------------------------- reasoning-gym
-
-def _rg_parse(name: str):
-    """"rg:<dataset>?k=v&..." -> (dataset, config dict, seed, {split: size}); ValueError if bad."""
-    try:
-        from reasoning_gym.factory import DATASETS
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"{name} needs reasoning-gym: {RG_INSTALL}") from e
-    import dataclasses
-    dataset, _, query = name[3:].partition("?")
-    if dataset not in DATASETS:
-        from importlib.metadata import version  # (its __version__ still says 0.1.19 in 0.1.25)
-        raise ValueError(f"unknown reasoning-gym data set {dataset!r} in {name!r}; reasoning-gym "
-                         f"{version('reasoning-gym')} has: {', '.join(sorted(DATASETS))}")
-    fields = [f.name for f in dataclasses.fields(DATASETS[dataset][1]) if f.name not in ("seed", "size")]
-    config, ours = {}, {"seed": 0, "size": RG_SIZES["train"], "test_size": RG_SIZES["test"]}
-    for part in filter(None, query.split("&")):  # not parse_qsl: it reads "+" as a space
-        key, eq, value = part.partition("=")
-        if not eq or key not in (*fields, *ours):
-            raise ValueError(f"bad option {part!r} in {name!r}: use key=value with keys from "
-                             f"{', '.join(fields + list(ours))}")
-        try:
-            value = ast.literal_eval(value)  # 2, True, ('+', '-'); anything else stays a string
-        except (ValueError, SyntaxError):
-            pass
-        (ours if key in ours else config)[key] = value
-    if not all(isinstance(ours[k], int) and ours[k] >= 0 for k in ours) or ours["size"] <= RG_SHOTS:
-        raise ValueError(f"{name!r}: seed, size and test_size must be integers >= 0, size > {RG_SHOTS}")
-    return dataset, config, ours["seed"], {"train": ours["size"], "test": ours["test_size"]}
-
-
-@functools.lru_cache(16)
-def _rg_split(dataset: str, config_json: str, seed: int, sizes: tuple) -> tuple:
-    """(train entries, test entries, shot entries) of one data set and config (choices 7, 8)."""
-    import reasoning_gym
-    config, (n_train, n_test) = json.loads(config_json), sizes
-
-    def make(seed, size):
-        try:
-            return reasoning_gym.create_dataset(dataset, **config, seed=seed, size=size)
-        except (AssertionError, TypeError, ValueError) as e:  # its configs validate with asserts
-            raise ValueError(f"reasoning-gym refused config {config} for {dataset!r}: {e!r}") from None
-
-    train = list(make(seed, n_train))
-    firsts = list({e["question"]: e for e in train}.values())  # distinct problems, in order
-    shots = random.Random(seed).sample(firsts, min(RG_SHOTS, len(firsts)))
-    shot_qs = {e["question"] for e in shots}
-    train = [e for e in train if e["question"] not in shot_qs]
-    seen, test = {e["question"] for e in train} | shot_qs, []
-    source = make(seed + RG_TEST_SEED, 20 * n_test + 100)
-    for i in range(len(source)):
-        if len(test) >= n_test:
-            break
-        entry = source[i]
-        if entry["question"] not in seen:
-            seen.add(entry["question"])
-            test.append(entry)
-    if n_test and not test:
-        raise ValueError(f"rg:{dataset} {config}: every test problem is also a train problem: the data set "
-                         f"has too few distinct problems for size={n_train}; lower size or make it harder")
-    if len(test) < n_test:
-        print(f"loaders: rg:{dataset} {config}: only {len(test)} of test_size={n_test} test problems differ "
-              f"from the train problems (size={n_train})", file=sys.stderr)
-    _rg_check_shots(dataset, config, shots, make(seed, 1))
-    return train, test, shots
-
-
-def _rg_check_shots(dataset, config, shots, ds):
-    """The shots must show a one-line answer that the checker, after a JSON round trip, accepts:
-    else the few-shot format or the reward (which sees the entry as JSON) cannot work."""
-    for e in shots:
-        answer, entry = e.get("answer"), json.loads(json.dumps(e, default=str))
-        if not (isinstance(answer, str) and answer.strip() and "\n" not in answer) or \
-                ds.score_answer(answer, entry) < 1.0:
-            raise ValueError(f"rg:{dataset} {config} cannot be served with the 'Answer: ...' line format: "
-                             f"its answers are not one line that its checker accepts after a JSON round "
-                             f"trip (answer {answer!r})")
-
-
-def _load_rg(name: str, split: str) -> list[dict]:
-    dataset, config, seed, sizes = _rg_parse(name)
-    if split not in sizes:
-        raise ValueError(f"{name} has splits {list(sizes)}, not {split!r}")
-    train, test, shots = _rg_split(dataset, json.dumps(config, sort_keys=True), seed,
-                                   (sizes["train"], sizes["test"]))
-    pool = [{"problem": e["question"], "answer": e["answer"]} for e in shots]  # one list, shared
-    return [{"id": f"{dataset}-{split}-{i}", "task": "rg", "problem": e["question"],
-             "ground_truth": json.dumps({"dataset": dataset, "config": config, "entry": e}, default=str),
-             "source": name, "shots": pool}
-            for i, e in enumerate(train if split == "train" else test)]
 
 
 # ----------------------------------------------------------------------------- prompts
