@@ -111,6 +111,12 @@ def tiny(tmp_path_factory):
                 f"model whose answers depend on the prompt (tests/conftest.py, tiny)")
 
 
+# `accelerate launch` with two processes: --multi_gpu is its torchrun launcher; on a machine
+# without GPUs train.py's Accelerator(cpu=True) then runs them as MULTI_CPU over gloo
+LAUNCH_2 = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
 # ----------------------------------------------------------------------------------------------
 # train.py runs on the tiny model, and a recorded batch they replay (test_scale.py, test_update.py)
 
@@ -132,3 +138,12 @@ def recorded(tiny, tmp_path_factory):
     d = tmp_path_factory.mktemp("recorded")
     ok(run(train_cmd(tiny, d / "sampled", *MP, "--iters", "2", "--save_rollouts", str(d / "rollouts")))[0])
     return d
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory):
+    """tests/two_ranks.py under two processes, once (test_checkpoint.py, test_distributed.py):
+    rank 0's result.json."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    ok(run(LAUNCH_2 + [str(ROOT / "tests" / "two_ranks.py"), str(out)], timeout=120)[0])
+    return json.loads((out / "result.json").read_text())

@@ -13,7 +13,7 @@ Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q   (~30 s on 2 cores)
    length (--iters under a decaying schedule, --warmup_steps) is refused, naming the values.
 3. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
    save_state, so iter_N.tmp may be renamed only once every rank's files are in it (the barrier
-   in save_checkpoint); and infra.distributed.micro_batches' denominator sums every rank's share.
+   in save_checkpoint). (The same run's micro_batches check is in tests/test_distributed.py.)
 """
 import copy
 import json
@@ -155,19 +155,6 @@ def test_a_second_ctrl_c_aborts_saying_what_is_lost():
                     "others after the last checkpoint"], said
 
 
-# `accelerate launch` with two processes (as tests/test_scale.py): MULTI_CPU over gloo on a CPU
-LAUNCH_2 = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-
-
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """tests/two_ranks.py under two processes, once: rank 0's result.json."""
-    out = tmp_path_factory.mktemp("two_ranks")
-    ok(run(LAUNCH_2 + [str(ROOT / "tests" / "two_ranks.py"), str(out)], timeout=120)[0])
-    return json.loads((out / "result.json").read_text())
-
-
 @pytest.mark.slow
 def test_checkpoint_commits_only_when_every_rank_wrote(two_ranks):
     """Rank 1 writes its files 3 s after rank 0: iter_000001.tmp is renamed only once they are in
@@ -178,12 +165,3 @@ def test_checkpoint_commits_only_when_every_rank_wrote(two_ranks):
     assert need <= set(at_commit), f"committed before every rank wrote: {at_commit}"
     assert list(two_ranks["after"]) == ["iter_000001"], two_ranks["after"]
     assert need <= set(two_ranks["after"]["iter_000001"])
-
-
-@pytest.mark.slow
-def test_micro_batches_denominator_spans_every_rank(two_ranks):
-    """The mini-batch's 5 sequences (3 + 5 + 2 + 7 + 4 = 21 tokens) split 3 / 2 over the ranks: the
-    denominator is every rank's tokens for token-mean and every rank's sequences for the seq-means;
-    the pass count is the larger rank's (2 micro-batches of at most 2 sequences)."""
-    assert two_ranks["counts"] == {"token-mean": [21, 2], "seq-mean-token-mean": [5, 2],
-                                   "seq-mean-token-sum": [5, 2]}

@@ -5,7 +5,9 @@ earlier passes accumulate locally, and the last one's backward all-reduces the s
 all-reduced at the others instead would leave each rank with its own last pass unreduced. This
 file, run as a script under `accelerate launch --num_processes 2`, registers a DDP communication
 hook that records each all-reduce and a forward hook that records each pass, and runs train.update
-on a real batch of the committed tiny-rare model in micro-batches.
+on a real batch of the committed tiny-rare model in micro-batches. A second test reads the run of
+tests/two_ranks.py (conftest.py's two_ranks fixture): infra.distributed.micro_batches' denominator
+sums every rank's share.
 
 Run: .venv/bin/python -m pytest tests/test_distributed.py -q   (CPU, gloo, ~30 s)
 """
@@ -26,13 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_ddp_all_reduces_only_at_each_steps_last_micro_batch(tmp_path):
     """Two AdamW steps of 3 micro-batches on each of 2 ranks: each rank's events are 3 forwards and
     then the all-reduce, twice (one "r" per DDP bucket), and the ranks end with the same weights."""
-    from conftest import ENV, PY
+    from conftest import ENV, LAUNCH_2
     with socket.socket() as s:   # a free port: other launches may run beside this one
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    launch = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(port)]
+    launch = LAUNCH_2 + ["--main_process_port", str(port)]
     proc = subprocess.run(launch + [__file__, str(tmp_path)], cwd=ROOT,
                           env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=120)
@@ -43,6 +43,15 @@ def test_ddp_all_reduces_only_at_each_steps_last_micro_batch(tmp_path):
         passes = re.sub("r+", "r", "".join(got["events"]))   # one all-reduce per DDP bucket
         assert passes == "fffr" * 2, got["events"]
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@pytest.mark.slow
+def test_micro_batches_denominator_spans_every_rank(two_ranks):
+    """The mini-batch's 5 sequences (3 + 5 + 2 + 7 + 4 = 21 tokens) split 3 / 2 over the ranks: the
+    denominator is every rank's tokens for token-mean and every rank's sequences for the seq-means;
+    the pass count is the larger rank's (2 micro-batches of at most 2 sequences)."""
+    assert two_ranks["counts"] == {"token-mean": [21, 2], "seq-mean-token-mean": [5, 2],
+                                   "seq-mean-token-sum": [5, 2]}
 
 
 def main(out):

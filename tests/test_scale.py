@@ -18,12 +18,8 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, MP, PY, ROOT, load_params, metrics, ok, run, train_cmd, update_of
+from conftest import ENV, LAUNCH_2, MP, PY, ROOT, load_params, metrics, ok, run, train_cmd, update_of
 
-# `accelerate launch` with two processes: --multi_gpu is its torchrun launcher; on a machine
-# without GPUs train.py's Accelerator(cpu=True) then runs them as MULTI_CPU over gloo
-LAUNCH_2 = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 TIMERS = ("time_rollout_s", "time_reward_s", "time_logp_s", "time_update_s", "time_sync_s",
           "time_iter_s", "tokens_per_s")
 

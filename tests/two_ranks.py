@@ -1,6 +1,7 @@
-"""Two-process checks of the trainer's distributed bookkeeping (infra/), run by tests/test_checkpoint.py as
+"""Two-process checks of the trainer's distributed bookkeeping (infra/), run by conftest.py's two_ranks
+fixture (for tests/test_checkpoint.py and tests/test_distributed.py) as
 `accelerate launch --num_processes 2 tests/two_ranks.py OUT` (CPU, gloo). Rank 0 writes
-OUT/result.json for the test to read; nothing here asserts.
+OUT/result.json for the tests to read; nothing here asserts.
 
 - save_checkpoint: rank 1 is slowed before its save_state, so a rename of iter_N.tmp that does not
   wait for every rank would commit a folder without rank 1's files. Rank 0 lists what the folder
