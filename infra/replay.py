@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 
-from rollout import RolloutBatch
+from infra.vllm_engine import RolloutBatch
 
 
 def save_rollouts(folder, it, rank, batch, positions):

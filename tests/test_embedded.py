@@ -55,7 +55,7 @@ def test_committed_model_loads_in_transformers_and_vllm():
     (greedy decoding is right on most problems; one sample at temperature 1 much less often)."""
     import reward
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from rollout import VLLMRollout
+    from infra.vllm_engine import VLLMRollout
     model = AutoModelForCausalLM.from_pretrained(str(TINY / "model"), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(TINY / "model"))
     assert sum(p.numel() for p in model.parameters()) == recorded()["params"]

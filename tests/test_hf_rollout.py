@@ -1,4 +1,4 @@
-"""--backend hf (rollout.HFRollout: transformers.generate on the policy's own weights) and the LM
+"""--backend hf (infra/hf_engine.py HFRollout: transformers.generate on the policy's own weights) and the LM
 head precision of train.py's log-probs (--head_precision), on the CPU.
 
 Run: .venv/bin/python -m pytest tests/test_hf_rollout.py -q   (~1-2 min on 2 cores)

@@ -36,7 +36,7 @@ REQUIRED_METRICS = ("iter", "reward_mean", "reward_std", "solve_rate", "clip_fra
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from rollout import VLLMRollout
+    from infra.vllm_engine import VLLMRollout
     eng = VLLMRollout(str(tiny / "model"), max_model_len=256, seed=0)
     yield eng
     del eng
@@ -184,7 +184,7 @@ def test_weight_sync_makes_vllm_greedy_equal_transformers_greedy(tiny, engine, p
 
 BF16_ENGINE = r"""
 import json, sys, torch
-from rollout import VLLMRollout
+from infra.vllm_engine import VLLMRollout
 if __name__ == "__main__":
     torch.set_num_threads(1)
     eng = VLLMRollout(sys.argv[1], max_model_len=256, seed=0, dtype="bfloat16", kv_cache_sequences=16,
