@@ -1,15 +1,12 @@
 """Tests for the baseline objectives in gppo.py: hand-computed gradients on tiny batches, numerics."""
 import math
-import os
-import sys
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # gppo.py lives at the repo root
-import gppo  # noqa: E402
-from test_gppo import extremes, finite, stat_floats, stats_well_formed  # noqa: E402  (the grid's extreme inputs)
+import gppo
+from test_gppo import extremes, finite, stat_floats, stats_well_formed  # the grid's extreme inputs
 
 MU = [[0.5, 0.25, 0.8], [0.1, 0.5, 0.4]]
 MASK = torch.tensor([[True, True, True], [True, True, False]])

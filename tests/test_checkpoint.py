@@ -19,7 +19,6 @@ import copy
 import json
 import os
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -27,10 +26,9 @@ import torch
 
 from conftest import PY, ROOT, metrics, ok, run
 
-sys.path.insert(0, str(ROOT))
-import train  # noqa: E402
-from infra.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
-from infra.flags import run_neutral  # noqa: E402
+import train
+from infra.checkpoints import load_checkpoint, save_checkpoint
+from infra.flags import run_neutral
 
 MODEL = str(ROOT / "data" / "tiny" / "model")     # the committed tiny model and its data sets
 FLAGS = ["--backend", "hf", "--model", MODEL, "--prompts_per_iter", "8", "--prompts_per_update",

@@ -9,8 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # gppo.py lives at the repo root
-import gppo  # noqa: E402
+import gppo
 from bench.regions import proximal_bounds
 
 CELLS = [(d, e) for d in gppo.DIVERGENCES for e in gppo.ESTIMATORS]

@@ -5,18 +5,15 @@ parameter (alpha:0.5) and add a family (the README's chi^k, executed from README
 task from a file, is tests/test_tasks.py::test_howto_word_reversal_from_jsonl (its code-task rows:
 tests/test_loaders.py)."""
 import math
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import gppo  # noqa: E402
+import gppo
 from bench.regions import proximal_bounds
-import train  # noqa: E402
-from gppo import _prepare, _stats, aggregate  # noqa: E402  (what the how-to's baseline imports)
+import train
+from gppo import _prepare, _stats, aggregate  # what the how-to's baseline imports
 
 
 # -- README "Add a divergence": one line --

@@ -12,9 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, so `data.loaders` imports
-from data import loaders, rg  # noqa: E402
-from data.loaders import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, load_problems  # noqa: E402
+from data import loaders, rg
+from data.loaders import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, load_problems
 
 
 def write_parquet(path: Path, rows: list[dict]):

@@ -6,7 +6,6 @@ Run: .venv/bin/python -m pytest tests/test_lora.py -q   (CPU, no network, about 
 """
 import json
 import os
-import sys
 
 import peft
 import pytest
@@ -16,9 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from conftest import PY, ROOT, load_params, metrics, ok, run
 
-sys.path.insert(0, str(ROOT))
-import train  # noqa: E402
-from infra.lora import add_adapters, policy_weights  # noqa: E402
+import train
+from infra.lora import add_adapters, policy_weights
 
 TIMERS = ("time_rollout_s", "time_reward_s", "time_logp_s", "time_update_s", "time_sync_s",
           "time_iter_s", "tokens_per_s")

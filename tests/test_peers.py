@@ -55,7 +55,6 @@ import contextlib
 import importlib.util
 import logging
 import math
-import os
 import random
 import sys
 import types
@@ -65,8 +64,7 @@ from typing import Callable, NamedTuple
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # gppo.py lives at the repo root
-import gppo  # noqa: E402
+import gppo
 
 torch.set_num_threads(1)
 

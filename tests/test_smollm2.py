@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from data import smollm2  # noqa: E402
-from data.loaders import format_prompt, load_problems  # noqa: E402
+from data import smollm2
+from data.loaders import format_prompt, load_problems
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # a real 135M model: the whole file is the slow tier
 
 FP32_TOL = 1e-3  # max |log-prob diff|, vLLM fp32 vs transformers fp32 (measured 4.8e-5: 20x margin)

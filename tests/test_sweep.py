@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import gppo  # noqa: E402
+import gppo
+from bench import stats, sweep, sweep_report
 
-from bench import stats, sweep, sweep_report  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = sweep.make_settings("m", "d", ["--iters", "2"])
 NAMES = [n for n, _ in stats.methods()]

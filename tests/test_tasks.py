@@ -5,17 +5,15 @@ Run: .venv/bin/python -m pytest tests/test_tasks.py -q   (CPU, no model run, a f
 """
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # repo root, so `reward`, `eval` and `data.loaders` import
-import reward  # noqa: E402
-from data.loaders import format_prompt, load_problems  # noqa: E402
-from data.loaders import load_rows  # noqa: E402
+import reward
+from data.loaders import format_prompt, load_problems
+from data.loaders import load_rows
 
+ROOT = Path(__file__).resolve().parents[1]
 BUILT_IN = ["math", "code", "rg", "exact"]   # the tasks reward.py ships; the README invites more
 
 

@@ -15,18 +15,16 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from conftest import ENV, MP, ROOT, metrics, ok, run, train_cmd, update_of
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import gppo  # noqa: E402
-import infra.logprobs  # noqa: E402
-import train  # noqa: E402
-from rollout import RolloutBatch  # noqa: E402
+import gppo
+import infra.logprobs
+import train
+from rollout import RolloutBatch
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "data", "tiny")
 P, G = 8, 4          # prompts per iteration, completions per prompt
