@@ -109,12 +109,12 @@ def parser():
     g.add_argument("--ref_model", default="", help="reference model of --kl_coef (def. --model)")
     g.add_argument("--entropy_coef", type=float, default=0.0, help="entropy bonus: the loss less "
                    "coef x the policy's entropy per token, aggregated as the loss; 0: off")
-    flags.add_run_flags(p)
+    flags.add_run_flags(p, flags.Names("data.probes.PROBES", extra=("",)))
     return p
 
 
 def parse_args(argv=None):
-    return flags.check(parser().parse_args(argv))
+    return flags.check(parser().parse_args(argv), gppo)   # gppo is imported below, before any call
 
 
 if __name__ == "__main__":   # a mistyped flag or -h is answered here, before the ~13 s of imports
@@ -128,6 +128,7 @@ from transformers.utils.logging import disable_progress_bar
 import gppo
 import reward
 from data.loaders import PromptSampler, load_rows
+from data.probes import ProbeRun
 from eval import evaluate
 from infra.checkpoints import (StopRequest, check_out_dir, prepare_out_dir, resume,
                                save_checkpoint, save_policy)
@@ -428,7 +429,7 @@ def update(args, run, samples, batches, it):
     """`epochs` passes over the mini-batches, one AdamW step each. Returns an UpdateLog."""
     acc, s, n = run.acc, samples, len(batches)
     first = (it - 1) * args.epochs * n                         # the iteration's first step
-    log = UpdateLog(lr=learning_rate(args, first))
+    log = UpdateLog(gppo.STATS, gppo.MU_BUCKETS, lr=learning_rate(args, first))
     for epoch in range(args.epochs):
         for k, u in enumerate(minibatch_order(args, it, epoch, n)):
             passes, count = minibatch_passes(args, run, s, batches[u])
@@ -436,7 +437,7 @@ def update(args, run, samples, batches, it):
                 continue
             count /= acc.num_processes   # DDP averages gradients over ranks: the whole mean
             seed = derived_seed(args, "clip_cov", it, u)
-            detach = clip_cov_selection(args, run, s, passes, seed) \
+            detach = clip_cov_selection(args, run, s, passes, seed, gppo) \
                 if args.objective == "clip_cov" else [None] * len(passes)
             kl = [0.0, 0.0]                                      # k3 KL sum, tokens
             for c, idx in enumerate(passes):
@@ -474,7 +475,9 @@ def main(argv=None):
         path, start, history = resume(args, acc, ckpt_dir)
         run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))   # from --model
         run.log(f"resumed from {path} (after iteration {start})")
-    metrics = MetricsLog(args, run, history)
+    probe = ProbeRun(args.answer_probe, run.eval_rows, run.tok, run.pad_id) \
+        if args.answer_probe else None   # checked here, before the first iteration
+    metrics = MetricsLog(args, run, history, probe)
     stop, scorer = StopRequest(acc.is_main_process), ThreadPoolExecutor(1)
     if args.eval_before and run.eval_rows and start == 0:
         evaluate(args, run, "eval_start.json")

@@ -6,17 +6,19 @@ micro-batching and the process count do not change which tokens it clips (gppo.c
 2. k = max(1, clip_ratio x N) of all ranks' candidates are drawn by gppo.clip_cov_draw (the draw
    the loss makes on a single batch) with a generator seeded alike on every rank; each rank keeps
    the draws that fall on its own candidates.
+3. The math (the loss's defaults, the candidates, the draw) is gppo.py's, handed in by the caller:
+   this module is the whole-mini-batch bookkeeping around it and imports no algorithm.
 """
 import inspect
 
 import torch
 
-import gppo
 from infra.logprobs import collate, token_logprobs
 
 
-def clip_cov_selection(args, run, samples, passes, seed):
-    """The tokens Clip-Cov detaches: a (B, T-1) bool per pass of update()'s mini-batch."""
+def clip_cov_selection(args, run, samples, passes, seed, gppo):
+    """The tokens Clip-Cov detaches: a (B, T-1) bool per pass of update()'s mini-batch. `gppo`:
+    the gppo module (its clip_cov_loss, clip_cov_candidates, clip_cov_draw)."""
     acc = run.acc
     defaults = {k: p.default for k, p in inspect.signature(gppo.clip_cov_loss).parameters.items()}
     kw = {k: args.loss_kwargs.get(k, defaults[k]) for k in ("eps", "cov_low", "cov_high",

@@ -8,8 +8,12 @@ rest and checks them all at parse time, before anything is loaded.
 3. `loss_settings`: --agg defaults to the chosen loss's own aggregation (a baseline trains as its
    authors define it); --loss_kwargs is checked against the loss's signature and tried once.
 4. Declaring the flags imports nothing heavy: the names a flag accepts from gppo.py's tables are
-   read only when argparse needs them (`Names`), and `check` imports gppo (and torch, ~1.5 s)
-   itself, so train.py refuses a mistyped flag in a fraction of a second, before its imports.
+   read only when argparse needs them (`Names`), and `check` is handed gppo (which imports torch,
+   ~1.5 s) by train.py's parse_args, so train.py refuses a mistyped flag in a fraction of a
+   second, before its imports.
+5. The algorithm's names are the caller's: train.py names the tables (`Names("gppo.METHODS")`,
+   the probes' table) and hands `check` the gppo module, so this module imports neither gppo.py
+   nor data/.
 """
 import ast
 import importlib
@@ -56,8 +60,9 @@ class Names:
         return name in list(self)
 
 
-def add_run_flags(p):
-    """The flags that say where and how fast a run goes, not what it computes."""
+def add_run_flags(p, probes):
+    """The flags that say where and how fast a run goes, not what it computes. probes: the names
+    --answer_probe accepts ("" = off; train.py: data/probes.py's PROBES, read when needed)."""
     g = p.add_argument_group("run: files, checkpoints, logging")
     g.add_argument("--out_dir", default="", help="run folder (default out/<cell>-seed<seed>)")
     g.add_argument("--overwrite", action="store_true",
@@ -83,7 +88,7 @@ def add_run_flags(p):
                    "iterations, into that row (eval_avg@k) and eval_iter_N.json; 0 = at the end")
     g.add_argument("--wandb", default="", help="wandb project name (off when empty)")
     g.add_argument("--answer_probe", default="", metavar="PROBE",
-                   choices=Names("data.probes.PROBES", extra=("",)),
+                   choices=probes,
                    help="log answer_prob: the held-out probability of each rule's one-token "
                    "answer, per kind of problem (data/probes.py; letters: tiny-rare-math)")
     g.add_argument("--probe_every", type=int, default=1, help="--answer_probe every N iterations")
@@ -124,9 +129,9 @@ def bad(args, flag, accepted):
     raise ValueError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
 
 
-def check(args):
-    """Every flag checked and the derived values set (cell, out_dir, agg, loss_kwargs)."""
-    import gppo   # imports torch: only once argparse has accepted the command line (choice 4)
+def check(args, gppo):
+    """Every flag checked and the derived values set (cell, out_dir, agg, loss_kwargs). gppo:
+    the gppo module, whose tables and checks name the methods, divergences and losses."""
     if args.method in gppo.METHODS:   # one name per thing: run.sh and the sweep map names here
         args.objective, (args.divergence, args.estimator) = "gppo", gppo.METHODS[args.method]
     elif args.method:
@@ -183,7 +188,7 @@ def check(args):
             gppo.get_divergence(args.divergence)
         except ValueError as e:
             raise ValueError(f"--divergence={args.divergence!r}: {e}") from None
-    args.agg, args.loss_kwargs = loss_settings(args)
+    args.agg, args.loss_kwargs = loss_settings(args, gppo)
     if args.objective == "gppo":   # fails fast on a bad divergence, delta or bounds
         gppo.check_config(args.divergence, args.estimator, args.delta, args.ratio_bounds,
                           args.dual_clip, args.agg)
@@ -193,11 +198,10 @@ def check(args):
     return args
 
 
-def loss_settings(args):
+def loss_settings(args, gppo):
     """(agg, loss_kwargs) of the chosen loss: --agg or the loss's own default aggregation, and
     --loss_kwargs parsed and checked against the loss's signature, then tried once on a tiny
     batch so a bad value fails here, not mid-run."""
-    import gppo
     import torch
     fn = gppo.gppo_loss if args.objective == "gppo" else gppo.BASELINES[args.objective]
     params = inspect.signature(fn).parameters

@@ -6,6 +6,8 @@ metrics.jsonl / console / wandb writer, and the dynamics plot. README "What each
 2. The update's statistics are token-weighted sums over its passes (`UpdateLog`), turned into
    means only when the row is made.
 3. One fixed-format console line per iteration, a few sampled completions every --sample_every.
+4. What the loss reports (its stats' names, its mu buckets) and the --answer_probe are the
+   caller's (train.py hands them in): this module imports neither gppo.py nor data/.
 """
 import json
 import math
@@ -14,9 +16,6 @@ import time
 
 import numpy as np
 import torch
-
-import gppo
-from data.probes import ProbeRun
 
 
 class Stopwatch:
@@ -38,23 +37,25 @@ class UpdateLog:
     """What update() measures, as token-weighted sums over its passes (log rows turn them into
     means)."""
 
-    def __init__(self, lr=None):
-        self.lr = lr                              # the lr of the iteration's first step
-        self.sums = {k: 0.0 for k in gppo.STATS + ("entropy", "kl_ref", "n_tok")}
-        self.tok_b = [0.0] * gppo.MU_BUCKETS      # tokens per mu bucket
-        self.clip_b = [0.0] * gppo.MU_BUCKETS     # clipped tokens per mu bucket
+    def __init__(self, stats, buckets, lr=None):
+        """stats: the names of the loss's scalar stats (gppo.STATS); buckets: its number of mu
+        buckets (gppo.MU_BUCKETS)."""
+        self.stats, self.lr = stats, lr           # lr: the lr of the iteration's first step
+        self.sums = {k: 0.0 for k in stats + ("entropy", "kl_ref", "n_tok")}
+        self.tok_b = [0.0] * buckets              # tokens per mu bucket
+        self.clip_b = [0.0] * buckets             # clipped tokens per mu bucket
         self.norms, self.kls = [], []             # per step: gradient norm, KL(mu || pi) before
                                                   # it (train.minibatch_kl)
         self.gap = [0.0, 0]                       # |trainer - vLLM| log-prob sum, count (vllm mu)
 
     def add(self, st, lp, old_logp, ent, mask, kl_ref=0.0, measure_gap=False):
         w = mask.sum().item()
-        for k in gppo.STATS:
+        for k in self.stats:
             if k == "ratio_max":
                 self.sums[k] = max(self.sums[k], st[k])
             else:
                 self.sums[k] += st[k] * w
-        for b in range(gppo.MU_BUCKETS):
+        for b in range(len(self.tok_b)):
             self.tok_b[b] += st["token_frac_by_mu"][b] * w
             self.clip_b[b] += st["clip_frac_by_mu"][b] * st["token_frac_by_mu"][b] * w
         self.sums["entropy"] += (ent * mask).sum().item()
@@ -67,13 +68,12 @@ class UpdateLog:
 class MetricsLog:
     """The run's metrics: one row per iteration into metrics.jsonl, wandb and the console."""
 
-    def __init__(self, args, run, history):
-        """run: train.setup's namespace (its acc, the data sets' names, its main-process log)."""
+    def __init__(self, args, run, history, probe=None):
+        """run: train.setup's namespace (its acc, the data sets' names, its main-process log);
+        probe: --answer_probe's data.probes.ProbeRun, or None."""
         acc = run.acc
         self.args, self.acc, self.sources, self.history = args, acc, run.sources, history
-        self.log, self.model = run.log, run.model
-        self.probe = ProbeRun(args.answer_probe, run.eval_rows, run.tok, run.pad_id) \
-            if args.answer_probe else None   # checked here, before the first iteration
+        self.log, self.model, self.probe = run.log, run.model, probe
         self.path = os.path.join(args.out_dir, "metrics.jsonl")
         if acc.is_main_process:   # rewritten, not appended blindly: a crash may have logged
             with open(self.path + ".tmp", "w") as f:   # iterations past the resumed checkpoint
@@ -89,7 +89,7 @@ class MetricsLog:
 
     def row(self, it, samples, upd, times):
         """The iteration's metrics row: every rank's sums, named, in one gather."""
-        args, G, s = self.args, self.args.group_size, samples
+        args, G, s, buckets = self.args, self.args.group_size, samples, range(len(upd.tok_b))
         gap = upd.gap if args.mu_source == "vllm" else s.gap
         groups, shaped = s.rewards.view(-1, G), s.shaped.view(-1, G)
         src = [s.rows[i // G]["source"] for i in range(len(s.rewards))]
@@ -104,8 +104,8 @@ class MetricsLog:
                  "uniform": (shaped.max(1).values == shaped.min(1).values).sum(),
                  "gap": gap[0], "gap_n": gap[1], **by_source,
                  **{k: v for k, v in upd.sums.items() if k != "ratio_max"},
-                 **{f"tok{b}": upd.tok_b[b] for b in range(gppo.MU_BUCKETS)},
-                 **{f"clip{b}": upd.clip_b[b] for b in range(gppo.MU_BUCKETS)}}
+                 **{f"tok{b}": upd.tok_b[b] for b in buckets},
+                 **{f"clip{b}": upd.clip_b[b] for b in buckets}}
         values = [float(v) for v in local.values()] + [upd.sums["ratio_max"]]
         every = self.acc.gather(torch.tensor([values], dtype=torch.float64,
                                              device=self.acc.device)).cpu()
@@ -121,9 +121,8 @@ class MetricsLog:
             overlong_penalty=t["penalty"] / N, uniform_group_frac=t["uniform"] / t["groups"],
             lr=upd.lr, logp_gap_vllm=t["gap"] / max(t["gap_n"], 1), **means,
             ratio_max=every[:, -1].max().item(),
-            token_frac_by_mu=[t[f"tok{b}"] / n_tok for b in range(gppo.MU_BUCKETS)],
-            clip_frac_by_mu=[t[f"clip{b}"] / max(t[f"tok{b}"], 1.0)
-                             for b in range(gppo.MU_BUCKETS)],
+            token_frac_by_mu=[t[f"tok{b}"] / n_tok for b in buckets],
+            clip_frac_by_mu=[t[f"clip{b}"] / max(t[f"tok{b}"], 1.0) for b in buckets],
             kl_k3_max=max(upd.kls, default=0.0), updates=len(upd.norms),
             grad_norm=float(np.mean(upd.norms)) if upd.norms else 0.0, **times)
         row["tokens_per_s"] = t["len"] / row["time_iter_s"]

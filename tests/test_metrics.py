@@ -81,7 +81,9 @@ def row_of(updated, tmp_path, **flags):
     """MetricsLog.row of the fixture's iteration, under the fixture's flags changed by `flags`."""
     args = copy.copy(updated.args)
     vars(args).update(out_dir=str(tmp_path), **flags)
-    return MetricsLog(args, updated.run, []).row(1, updated.s, updated.upd, {"time_iter_s": 1.0})
+    run = updated.run
+    probe = ProbeRun(args.answer_probe, run.eval_rows, run.tok, run.pad_id) if args.answer_probe else None
+    return MetricsLog(args, run, [], probe).row(1, updated.s, updated.upd, {"time_iter_s": 1.0})
 
 
 def test_target_kl_compares_the_token_weighted_kl_of_the_minibatch(updated, tmp_path):
@@ -116,7 +118,7 @@ def test_entropy_is_the_mean_over_completion_tokens(updated, tmp_path):
     lp = torch.zeros_like(ent)
     lp[-LENGTHS[0]:] = updated.lp[0]
     _, st = gppo.gppo_loss(lp[None], lp[None], torch.ones(1), mask[None], "tv", "mc")
-    log = UpdateLog()
+    log = UpdateLog(gppo.STATS, gppo.MU_BUCKETS)
     log.add(st, lp[None], lp[None], ent[None], mask[None])
     assert log.sums["entropy"] / log.sums["n_tok"] == pytest.approx(ent[-LENGTHS[0]:].mean().item(),
                                                                     rel=1e-6)
