@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import reward  # noqa: E402
-from infra import checkers, sandbox  # noqa: E402
+import reward
+from infra import checkers, sandbox
 
 MARK = "rw-test-leftover-marker"  # put in the argv of processes an attack starts
 
