@@ -143,10 +143,8 @@ METHODS = {"grpo": ("tv", "mc"), "ppo": ("tv", "mc"), "dapo": ("kl", "mc"),
 def estimate(log_r, log_mu, divergence, estimator):
     """|D(r)| per token in float64 (eqs. 18-20, choice 5), from log r and log mu; no gradient.
     `divergence`: any name get_divergence accepts ("kl", "alpha:0.5"), as everywhere below.
-    Done ESTIMATE_CHUNK tokens at a time: freed whole-batch float64 temporaries go back to the OS
-    and are page-faulted in again on the next call, which cost the binary cells more than their
-    arithmetic on the CPU (bench_objective, 1M tokens: tv/kl/hellinger-binary 5.3-6.7x plain PPO
-    whole, 3.0-4.0x chunked)."""
+    ESTIMATE_CHUNK tokens at a time: whole-batch float64 temporaries are freed to the OS and
+    page-faulted in again at every call (bench/bench_objective.py measures the difference)."""
     f = get_divergence(divergence)
     est = _lookup(ESTIMATORS, estimator, "estimator")
     with torch.no_grad():
@@ -415,24 +413,17 @@ def clip_cov_draw(candidates, n_valid, clip_ratio=2e-4, generator=None):
 
 
 def clip_cov_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=None,
-                  eps=0.2, clip_ratio=2e-4, cov_low=1.0, cov_high=5.0, generator=None,
-                  detach=None):
+                  eps=0.2, clip_ratio=2e-4, cov_low=1.0, cov_high=5.0, detach=None):
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, sec. 5): PPO's clip (eps 0.2), plus a random
-    max(1, clip_ratio * N) of clip_cov_candidates (N = valid tokens) have their gradient detached.
-    `generator` makes the draw reproducible. `detach` ((B, T) bool) replaces this batch's draw:
-    under micro-batching the trainer draws once over the whole mini-batch and passes each
-    micro-batch its slice."""
+    max(1, clip_ratio * N) of clip_cov_candidates (N = valid tokens) have their gradient detached:
+    `detach` ((B, T) bool), clip_cov_draw's pick over the whole mini-batch, sliced per micro-batch
+    (infra/clip_cov.py draws it for the trainer; None detaches none). clip_ratio, cov_low and
+    cov_high are the draw's settings, read from here by --loss_kwargs."""
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()
     with torch.no_grad():
         upper, lower = _ppo_clipped(r, adv, eps, eps)
-        if detach is None:
-            n = valid.sum().clamp(min=1)
-            center = (lp.sum() / n, adv.sum() / n)          # lp, adv are 0 off the mask
-            candidates = clip_cov_candidates(logp, old_logp, advantages, mask, center, eps,
-                                             cov_low, cov_high)
-            detach = clip_cov_draw(candidates, int(valid.sum()), clip_ratio, generator)
-        clipped = upper | lower | (detach.bool() & valid)
+        clipped = upper | lower if detach is None else upper | lower | (detach.bool() & valid)
     loss = _clipped_loss(adv * r, clipped, valid, agg, global_count)
     return loss, _stats(valid, log_r, old, clip_frac=clipped, clip_frac_upper=upper,
                         clip_frac_lower=lower)
@@ -483,10 +474,6 @@ def dgpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=N
 BASELINES = {"gspo": gspo_loss, "gmpo": gmpo_loss, "sapo": sapo_loss, "cispo": cispo_loss,
              "clip_cov": clip_cov_loss, "drpo": drpo_loss, "dgpo": dgpo_loss}
 
-# -----------------------------------------------------------------------------
-# `python gppo.py` prints every cell's region at a few mu: the table, and the bisection it needs,
-# live beside the plot in bench/regions.py (not on the training path).
-
-if __name__ == "__main__":
+if __name__ == "__main__":   # every cell's region at a few mu (bench/regions.py, beside the plot)
     from bench.regions import main
     main()

@@ -90,11 +90,20 @@ def test_clip_cov_hand_example():
     ratios = torch.tensor([[1.5, 1.1, 0.9], [1.0, 0.95, 1.0]])
     old, adv = logp - ratios.log(), torch.tensor([2.0, -2.0])
     p = logp.clone().requires_grad_(True)
-    loss, stats = gppo.clip_cov_loss(p, old, adv, MASK, generator=torch.Generator().manual_seed(0))
+    loss, stats = gppo.clip_cov_loss(p, old, adv, MASK, detach=own_draw(logp, old, adv, MASK))
     loss.backward()
     close(p.grad, [[0.0, -2 * 1.1 / 5, -2 * 0.9 / 5], [2 * 1.0 / 5, 0.0, 0.0]])
     assert loss.item() == pytest.approx(-(2 * (1.5 + 1.1 + 0.9) - 2 * (1.0 + 0.95)) / 5, rel=1e-6)
     assert stats["clip_frac"] == pytest.approx(2 / 5) and stats["clip_frac_upper"] == pytest.approx(1 / 5)
+
+
+def own_draw(logp, old, adv, mask, clip_ratio=2e-4, seed=0):
+    """Clip-Cov's draw on one batch: the candidates at the batch's centre, k of them picked (what
+    infra/clip_cov.py does over a whole mini-batch, all micro-batches and ranks)."""
+    valid = mask.bool()
+    center = (logp[valid].mean(), adv[:, None].expand_as(logp)[valid].mean())
+    cand = gppo.clip_cov_candidates(logp, old, adv, mask, center)
+    return gppo.clip_cov_draw(cand, int(valid.sum()), clip_ratio, torch.Generator().manual_seed(seed))
 
 
 def test_clip_cov_generator_makes_draw_reproducible():
@@ -104,8 +113,8 @@ def test_clip_cov_generator_makes_draw_reproducible():
 
     def draw(seed):
         p = logp.clone().requires_grad_(True)
-        loss, stats = gppo.clip_cov_loss(p, old, adv, mask, clip_ratio=0.01,
-                                         generator=torch.Generator().manual_seed(seed))
+        loss, stats = gppo.clip_cov_loss(p, old, adv, mask,
+                                         detach=own_draw(logp, old, adv, mask, 0.01, seed))
         loss.backward()
         return p.grad == 0, stats["clip_frac"]
 
@@ -194,19 +203,15 @@ def test_clip_cov_micro_batches_sum_to_whole_batch():
     assert (whole[detach] == 0).all() and (whole[candidates & ~detach] != 0).any()
 
 
-def test_clip_cov_without_detach_draws_from_its_own_batch():
-    # single-batch use is unchanged: the loss draws k tokens itself, the same ones clip_cov_draw picks
-    # from the batch-centre candidates with the same generator
-    g = torch.Generator().manual_seed(1)
-    logp = -torch.rand(16, 32, generator=g) * 6
-    old, adv, mask = logp.clone(), torch.randn(16, generator=g) * 3, torch.ones(16, 32, dtype=torch.bool)
-    center = (logp.mean(), adv.mean())
-    cand = gppo.clip_cov_candidates(logp, old, adv, mask, center)
-    want = gppo.clip_cov_draw(cand, mask.sum().item(), 0.01, torch.Generator().manual_seed(3))
-    p = logp.clone().requires_grad_(True)
-    loss, _ = gppo.clip_cov_loss(p, old, adv, mask, clip_ratio=0.01, generator=torch.Generator().manual_seed(3))
-    loss.backward()
-    assert torch.equal(p.grad == 0, want)
+def test_clip_cov_without_detach_is_ppos_clip():
+    # no draw handed in: no token is detached, the loss and its gradient are PPO's (eps 0.2)
+    logp, old, adv, mask = random_batch(1)
+    adv = adv[:, 0]
+    _, g_cov, s_cov = grad_of(gppo.clip_cov_loss, logp, old, adv, mask)
+    r = (logp - old).exp()
+    clipped = ((adv[:, None] > 0) & (r > 1.2)) | ((adv[:, None] < 0) & (r < 0.8))
+    assert clipped[mask].any() and (g_cov[mask & ~clipped] != 0).all() and (g_cov[clipped] == 0).all()
+    assert s_cov["clip_frac"] == pytest.approx((clipped & mask).sum().item() / mask.sum().item())
 
 
 # ---- DRPO (arXiv 2606.09821) and DGPO (arXiv 2603.14389): references written from the papers' formulas ----
