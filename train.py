@@ -27,6 +27,19 @@ mini-batch has drifted further than target_kl from mu, checked before that mini-
 (as SB3's PPO; CleanRL checks after a whole epoch, so at epochs=1 it never acts): the per-token
 region cannot bound how far *other* tokens move the shared weights. `--overlong punish`: DAPO's
 soft overlong punishment (the reward reads the last answer, so EOS erodes without it).
+
+Off-policy, `--async_lag K` (prime-rl's async_level; 0, the paper's loop, by default): the sampler
+works K iterations ahead in a background thread (infra/prefetch.py), so the batch trained at
+iteration t was sampled by the weights after iteration t - 1 - K while iterations t - K .. t - 1
+trained. The sampler's weights are gone by then, so mu is what it recorded (vLLM's log-probs of the
+sampled tokens), used in one of two known ways:
+- coupled, `--mu_source vllm`: the region bounds pi against mu itself (eq. 11 as written); the
+  ratio starts at pi_old / mu, K iterations of drift away from 1.
+- decoupled, `--mu_source recompute --tis_cap C` (AReaL; Hilton et al. 2021): the region bounds pi
+  against the proximal policy (the trainer's weights at the iteration's start, recomputed in
+  step 3), and each token is weighted by the truncated ratio min(proximal / mu, C) (step 3).
+(`--mu_source recompute` alone bounds pi against the proximal policy and ignores mu, as verl's
+default does.) The row logs `staleness` and the proximal / mu ratio's statistics.
 The machinery (flags, multi-process bookkeeping, checkpoints, metrics) is in infra/: skip it.
 """
 import argparse
@@ -83,6 +96,9 @@ def parser():
     g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
     g.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
     g.add_argument("--mu_source", default="recompute", choices=("recompute", "vllm"))  # step 3
+    g.add_argument("--async_lag", type=int, default=0, metavar="K", help="sample each batch K "
+                   "iterations ahead, in the background, by weights K iterations older (0: the "
+                   "synchronous loop)")
     g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per AdamW step")
     g.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--lr", type=float, default=1.5e-4, help="AdamW learning rate (the peak of "
@@ -109,6 +125,13 @@ def parser():
     g.add_argument("--ref_model", default="", help="reference model of --kl_coef (def. --model)")
     g.add_argument("--entropy_coef", type=float, default=0.0, help="entropy bonus: the loss less "
                    "coef x the policy's entropy per token, aggregated as the loss; 0: off")
+    g = p.add_argument_group("what is trained: LoRA adapters through peft (infra/lora.py)")
+    g.add_argument("--lora_rank", type=int, default=0, help="adapter rank; 0 = full fine-tune")
+    g.add_argument("--lora_alpha", type=float, default=None, help="LoRA scale alpha/rank "
+                   "(default: 2 x rank)")
+    g.add_argument("--lora_dropout", type=float, default=0.0, help="dropout on the adapters' input")
+    g.add_argument("--lora_target_modules", default="all-linear", help="comma-separated names of "
+                   "the linear layers to adapt (default: every one of attention and MLP)")
     flags.add_run_flags(p, flags.Names("data.probes.PROBES", extra=("",)))
     return p
 
@@ -139,9 +162,10 @@ from infra.lora import adapters_off, add_adapters
 # token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
 #   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 from infra.logprobs import token_logprobs
-from infra.metrics import MetricsLog, Stopwatch, UpdateLog
+from infra.metrics import MetricsLog, Stopwatch, UpdateLog, add_sums, mismatch_sums
+from infra.prefetch import Prefetch
 from infra.replay import replayed_rollouts, save_rollouts
-from rollout import make_engine, weight_buckets
+from rollout import RolloutBatch, make_engine, weight_buckets
 
 
 @dataclass
@@ -157,6 +181,8 @@ class Run:
     sampler: object = None      # PromptSampler
     ref_model: object = None    # --kl_coef's reference
     engine: object = None       # rollout engine (vLLM or hf)
+    engine_version: int = 0     # the iteration after which the engine's weights were synced
+    rollouts: object = None     # infra/prefetch.Prefetch: each iteration's batch, K ahead
     log: object = print         # print on the main process, nothing elsewhere
     sources: list = None        # the train data sets' names
 
@@ -204,9 +230,14 @@ def setup(args):
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          tensor_parallel_size=args.tensor_parallel_size,
                          sleep_mode=args.sleep_mode)
-    return Run(acc=acc, tok=tok, pad_id=pad_id, rows=rows, eval_rows=eval_rows, model=model,
-               opt=opt, sampler=sampler, ref_model=ref_model, engine=engine, log=log,
-               sources=sorted({r["source"] for r in rows}))
+    run = Run(acc=acc, tok=tok, pad_id=pad_id, rows=rows, eval_rows=eval_rows, model=model,
+              opt=opt, sampler=sampler, ref_model=ref_model, engine=engine, log=log,
+              sources=sorted({r["source"] for r in rows}))
+    run.rollouts = Prefetch(lambda it: sample_groups(args, run, it), args.async_lag,
+                            Samples.restore, acc)
+    if args.async_lag:   # the batches sampled ahead go into every checkpoint
+        acc.register_for_checkpointing(run.rollouts)
+    return run
 
 
 @dataclass
@@ -218,11 +249,16 @@ class Samples:
     positions: list
     old_logp: list = None   # mu's log-probs per completion token (step 3)
     tis: list = None        # truncated-IS weight per completion token (1 without --tis_cap)
-    gap: list = None        # summed |trainer - vLLM| log-prob gap and its token count
+    gap: list = None        # trainer vs vLLM log-probs: infra/metrics.mismatch_sums
     rewards: torch.Tensor = None
     shaped: torch.Tensor = None
     advantages: torch.Tensor = None
     keep: torch.Tensor = None
+    version: int = 0        # the iteration after which the weights that sampled it were synced
+
+    @staticmethod
+    def restore(fields):    # from a checkpoint's in-flight batches (infra/prefetch.py)
+        return Samples(**{**fields, "batch": RolloutBatch(**fields["batch"])})
 
 
 def derived_seed(args, what, it, k=0):
@@ -250,11 +286,13 @@ def rank_share(minibatch, rank, world):
     return minibatch[rank * share:(rank + 1) * share]
 
 
-def sample_groups(args, run, it, batches):
-    """This rank's share of every mini-batch's prompts, G completions each."""
+def sample_groups(args, run, it):
+    """This rank's share of every mini-batch's prompts, G completions each (--async_lag: in the
+    background thread, K iterations ahead)."""
     rank, world = run.acc.process_index, run.acc.num_processes
     chosen = run.sampler.take(args.prompts_per_iter, it)       # row index of each position
-    positions = sorted(p for b in batches for p in rank_share(b, rank, world))
+    positions = sorted(p for b in minibatches(args, it) for p in rank_share(b, rank, world))
+    version = run.engine_version
     rows = [run.rows[chosen[p]] for p in positions]
     if args.replay_rollouts:
         batch = replayed_rollouts(args.replay_rollouts, it, positions, args.group_size)
@@ -265,28 +303,27 @@ def sample_groups(args, run, it, batches):
     if args.save_rollouts:
         save_rollouts(args.save_rollouts, it, rank, batch, positions)
     run.engine.sleep()          # --sleep_mode: vLLM frees its KV cache and offloads its weights
-    return Samples(batch, rows, positions)
+    return Samples(batch, rows, positions, version=version)
 
 
 # 3. mu -------------------------------------------------------------------------------------------
 
 def behaviour_logprobs(args, model, batch, pad_id, device):
     """mu's log-probs per sample, (len_i,) each: the trainer's under the weights that sampled
-    (recompute), or vLLM's own (no forward pass). Also the truncated-IS weights and the summed
-    |trainer - vLLM| log-prob gap over tokens (with mu_source vllm, update() measures it)."""
+    (recompute), or vLLM's own (no forward pass). Also the truncated-IS weights and the trainer
+    vs vLLM log-prob sums (infra/metrics.mismatch_sums; under vllm mu, update() takes them)."""
     n = len(batch.texts)
     if args.mu_source == "vllm":   # no TIS (refused with it): weight 1 on every token
         old_logp = [torch.tensor(lp) for lp in batch.logprobs]
-        return old_logp, [torch.ones_like(o) for o in old_logp], [0.0, 0]
-    old_logp, tis, gap = [None] * n, [None] * n, [0.0, 0]
+        return old_logp, [torch.ones_like(o) for o in old_logp], []
+    old_logp, tis, gap = [None] * n, [None] * n, []
     with torch.no_grad():
         for s in range(0, n, args.micro_batch_size):
             idx = list(range(s, min(s + args.micro_batch_size, n)))
             ids, attn, resp, vllm_logp = collate(batch, idx, pad_id, device, (batch.logprobs,))
             lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
             m = resp[:, 1:].bool()
-            gap[0] += (lp - vllm_logp).abs()[m].sum().item()
-            gap[1] += m.sum().item()
+            gap = add_sums(gap, mismatch_sums(lp, vllm_logp, m))
             # truncated IS: the samples came from vLLM's mu, not from the trainer's pi_old;
             # weight each token by min(pi_old / mu_vllm, cap) (Yao et al., 2025)
             w = (lp - vllm_logp).exp().clamp(max=args.tis_cap) if args.tis_cap \
@@ -474,6 +511,7 @@ def main(argv=None):
     if args.resume:
         path, start, history = resume(args, acc, ckpt_dir)
         run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))   # from --model
+        run.engine_version = start
         run.log(f"resumed from {path} (after iteration {start})")
     probe = ProbeRun(args.answer_probe, run.eval_rows, run.tok, run.pad_id) \
         if args.answer_probe else None   # checked here, before the first iteration
@@ -484,7 +522,7 @@ def main(argv=None):
 
     for it in range(start + 1, args.iters + 1):
         clock, batches = Stopwatch(), minibatches(args, it)
-        s = sample_groups(args, run, it, batches)                                    # 1. sample
+        s = run.rollouts.take(it)                                                    # 1. sample
         clock.lap("rollout")
         rows = [s.rows[i // args.group_size] for i in range(len(s.batch.texts))]
         scoring = scorer.submit(reward.score_rows, s.batch.texts, rows)              # 2. score
@@ -496,7 +534,9 @@ def main(argv=None):
         clock.lap("reward")
         upd = update(args, run, s, batches, it)                                      # 5. update
         clock.lap("update")
+        run.rollouts.idle()     # --async_lag: the generation under way finishes with its weights
         run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))     # 6. sync
+        run.engine_version = it
         clock.lap("sync")
         row = metrics.row(it, s, upd, clock.total())                                 # 7. log
         if args.eval_every and it % args.eval_every == 0 and run.eval_rows:   # new weights

@@ -34,6 +34,10 @@ def make_accelerator(args):
     check_world(args, acc.num_processes)
     if args.threads:   # before the engine starts: vLLM's CPU worker then refuses set_num_threads
         torch.set_num_threads(args.threads)
+    elif args.async_lag and not torch.cuda.is_available():
+        # the background sampler's parallel regions run beside the trainer's, each with torch's
+        # thread count: half the cores each, not twice the cores (bench/bench_async.py)
+        torch.set_num_threads(max(1, torch.get_num_threads() // 2))
     seed_everything(args.seed, acc.process_index)
     return acc
 

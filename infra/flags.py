@@ -78,7 +78,8 @@ def add_run_flags(p, probes):
                    help="debug: write every iteration's rollouts to this folder")
     g.add_argument("--replay_rollouts", default="", help="debug: train on the rollouts a "
                    "--save_rollouts run wrote (any process count)")
-    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's "
+                   "default; half of it with --async_lag on the CPU)")
     g.add_argument("--sample_every", type=int, default=10,
                    help="print a few completions every N iterations")
     g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data")
@@ -92,13 +93,6 @@ def add_run_flags(p, probes):
                    help="log answer_prob: the held-out probability of each rule's one-token "
                    "answer, per kind of problem (data/probes.py; letters: tiny-rare-math)")
     g.add_argument("--probe_every", type=int, default=1, help="--answer_probe every N iterations")
-    g = p.add_argument_group("LoRA through peft (infra/lora.py; README \"LoRA on one GPU\")")
-    g.add_argument("--lora_rank", type=int, default=0, help="adapter rank; 0 = full fine-tune")
-    g.add_argument("--lora_alpha", type=float, default=None, help="LoRA scale alpha/rank "
-                   "(default: 2 x rank)")
-    g.add_argument("--lora_dropout", type=float, default=0.0, help="dropout on the adapters' input")
-    g.add_argument("--lora_target_modules", default="all-linear", help="comma-separated names of "
-                   "the linear layers to adapt (default: every one of attention and MLP)")
     g = p.add_argument_group("run: engines, memory and precision")
     g.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm (fast), or "
                    "transformers.generate on the policy's own weights (no vLLM needed)")
@@ -178,6 +172,15 @@ def check(args, gppo):
         bad(args, "lora_dropout", "a probability in [0, 1)")
     if args.lora_alpha is None:
         args.lora_alpha = 2.0 * args.lora_rank
+    if args.async_lag < 0:
+        bad(args, "async_lag", "an integer >= 0 (0: sample with the newest weights)")
+    if args.async_lag:   # what cannot sample ahead (infra/prefetch.py)
+        for flag, why in (("backend", "'vllm' (hf samples with the weights being trained)"),
+                          ("sleep_mode", "unset (the engine samples while the trainer trains)"),
+                          ("lora_dropout", "0 (dropout would share torch's generator with the "
+                           "background sampler, and runs would not repeat)")):
+            if getattr(args, flag) not in (False, None, "", 0.0, "vllm"):
+                bad(args, flag, f"{why} with --async_lag {args.async_lag}")
     if args.resume and args.overwrite:
         bad(args, "overwrite", "unset with --resume (one continues the run, the other deletes it)")
     args.ratio_bounds = None if args.ratio_bounds == "none" else \
@@ -209,7 +212,7 @@ def loss_settings(args, gppo):
     flagged = {"delta": "--delta", "ratio_bounds": "--ratio_bounds", "dual_clip": "--dual_clip",
                "agg": "--agg"}
     fixed = {"logp", "old_logp", "advantages", "mask", "divergence", "estimator", "global_count",
-             "generator", "detach"} | (set(flagged) if args.objective == "gppo" else {"agg"})
+             "detach"} | (set(flagged) if args.objective == "gppo" else {"agg"})
     settable = [k for k in params if k not in fixed]
     kwargs = {}
     for item in filter(None, re.split(r",(?=\s*\w+\s*=)", args.loss_kwargs)):   # tuples keep commas

@@ -18,6 +18,27 @@ import numpy as np
 import torch
 
 
+# Where the trainer's weights at the iteration's start (the proximal policy) meet the sampler's
+# log-probs, per token d = log proximal - log mu: at K = 0 the train/inference mismatch alone, at
+# --async_lag K also K iterations of staleness. The row gives |d| (logp_gap_vllm) and, at K >= 1,
+# the ratio e^d's mean, its k3 KL(mu || proximal) and the share of tokens in each bin of d:
+MISMATCH_BINS = (-1.0, -0.3, -0.1, -0.03, 0.03, 0.1, 0.3, 1.0)
+
+
+def mismatch_sums(lp, mu_lp, m):
+    """Over the tokens of the bool mask m: [sum |d|, tokens, sum e^d, sum k3, tokens per bin]."""
+    d = (lp - mu_lp)
+    gap = [d.abs()[m].sum().item(), m.sum().item()]
+    d = d[m].double()
+    bins = torch.bucketize(d, torch.tensor(MISMATCH_BINS, dtype=torch.float64))
+    return gap + [d.exp().sum().item(), (d.exp() - 1 - d).sum().item()] + \
+        torch.bincount(bins, minlength=len(MISMATCH_BINS) + 1).tolist()
+
+
+def add_sums(a, b):
+    return [x + y for x, y in zip(a, b)] if a else b
+
+
 class Stopwatch:
     """time_<phase>_s of each phase of an iteration, and time_iter_s of the whole."""
 
@@ -46,7 +67,7 @@ class UpdateLog:
         self.clip_b = [0.0] * buckets             # clipped tokens per mu bucket
         self.norms, self.kls = [], []             # per step: gradient norm, KL(mu || pi) before
                                                   # it (train.minibatch_kl)
-        self.gap = [0.0, 0]                       # |trainer - vLLM| log-prob sum, count (vllm mu)
+        self.gap = []                             # mismatch_sums before any step (vllm mu)
 
     def add(self, st, lp, old_logp, ent, mask, kl_ref=0.0, measure_gap=False):
         w = mask.sum().item()
@@ -61,8 +82,8 @@ class UpdateLog:
         self.sums["entropy"] += (ent * mask).sum().item()
         self.sums["kl_ref"] += kl_ref
         self.sums["n_tok"] += w
-        if measure_gap and not self.norms:   # mu_source vllm, no step yet: pi is the sampler's
-            self.gap = [self.gap[0] + ((lp - old_logp).abs() * mask).sum().item(), self.gap[1] + w]
+        if measure_gap and not self.norms:   # mu_source vllm, no step yet: pi is the proximal
+            self.gap = add_sums(self.gap, mismatch_sums(lp, old_logp, mask.bool()))
 
 
 class MetricsLog:
@@ -90,7 +111,7 @@ class MetricsLog:
     def row(self, it, samples, upd, times):
         """The iteration's metrics row: every rank's sums, named, in one gather."""
         args, G, s, buckets = self.args, self.args.group_size, samples, range(len(upd.tok_b))
-        gap = upd.gap if args.mu_source == "vllm" else s.gap
+        gap = (upd.gap if args.mu_source == "vllm" else s.gap) or [0.0] * (len(MISMATCH_BINS) + 5)
         groups, shaped = s.rewards.view(-1, G), s.shaped.view(-1, G)
         src = [s.rows[i // G]["source"] for i in range(len(s.rewards))]
         by_source = {}
@@ -102,7 +123,8 @@ class MetricsLog:
                  "kept": s.keep.sum(), "penalty": (s.rewards - s.shaped).sum(),
                  "groups": len(groups), "solved": (groups.max(1).values > 0).sum(),
                  "uniform": (shaped.max(1).values == shaped.min(1).values).sum(),
-                 "gap": gap[0], "gap_n": gap[1], **by_source,
+                 "gap": gap[0], "gap_n": gap[1], **{f"mismatch{j}": v for j, v in enumerate(gap)},
+                 **by_source,
                  **{k: v for k, v in upd.sums.items() if k != "ratio_max"},
                  **{f"tok{b}": upd.tok_b[b] for b in buckets},
                  **{f"clip{b}": upd.clip_b[b] for b in buckets}}
@@ -125,6 +147,12 @@ class MetricsLog:
             clip_frac_by_mu=[t[f"clip{b}"] / max(t[f"tok{b}"], 1.0) for b in buckets],
             kl_k3_max=max(upd.kls, default=0.0), updates=len(upd.norms),
             grad_norm=float(np.mean(upd.norms)) if upd.norms else 0.0, **times)
+        if args.async_lag:   # how stale the batch was, and proximal / mu (MISMATCH_BINS)
+            n_mis = max(t["mismatch1"], 1.0)
+            row.update(staleness=it - 1 - s.version, mismatch_ratio_mean=t["mismatch2"] / n_mis,
+                       mismatch_kl_k3=t["mismatch3"] / n_mis,
+                       mismatch_hist=[t[f"mismatch{j}"] / n_mis
+                                      for j in range(4, len(MISMATCH_BINS) + 5)])
         row["tokens_per_s"] = t["len"] / row["time_iter_s"]
         if self.probe and it % args.probe_every == 0:   # the weights after this update
             t0 = time.time()
