@@ -25,8 +25,7 @@ Choices, in the order a reader meets them:
 6. Aggregation (`aggregate`) takes `global_count`, the denominator over the whole update (every
    micro-batch and rank), so summed micro-batch gradients equal the whole-batch gradient exactly.
 7. Baselines (GSPO, GMPO, SAPO, CISPO, Clip-Cov, DRPO, DGPO) follow their authors' definitions and
-   default aggregation (each signature's `agg`), and share _prepare, aggregate and _stats with the
-   grid.
+   default aggregation (each signature's `agg`), and share _prepare, aggregate and _stats.
 """
 import math
 
@@ -38,9 +37,8 @@ AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STATS = ("clip_frac", "clip_frac_upper", "clip_frac_lower", "clip_frac_bounds", "clip_frac_dual",
          "ratio_mean", "ratio_max", "div_mean", "kl_k3")
 CLIP_STATS = tuple(k for k in STATS if k.startswith("clip_frac"))  # the masks a loss hands _stats
-# Where the region bites (the measured counterpart of the paper's Figure 1): tokens bucketed by
-# their behaviour probability mu < 0.01 | < 0.1 | < 0.5 | >= 0.5. `token_frac_by_mu`: share of the
-# valid tokens in each bucket; `clip_frac_by_mu`: share of each bucket's tokens that were clipped.
+# Where the region bites (the paper's Figure 1, measured), by mu < 0.01 | < 0.1 | < 0.5 | >= 0.5:
+# share of the valid tokens in each bucket, and share of each bucket's tokens that were clipped.
 MU_EDGES = (0.01, 0.1, 0.5)
 MU_BUCKETS = len(MU_EDGES) + 1
 BY_MU = ("token_frac_by_mu", "clip_frac_by_mu")
@@ -188,8 +186,7 @@ def _lookup(table, key, kind):
 
 def check_config(divergence, estimator, delta=None, ratio_bounds=None, dual_clip=None,
                  agg="token-mean"):
-    """The region's settings checked (train.py calls this at load time); returns delta,
-    defaulted."""
+    """The region's settings checked, once, at parse time; returns delta, defaulted."""
     get_divergence(divergence), _lookup(ESTIMATORS, estimator, "estimator")
     _lookup(AGGS, agg, "agg")
     delta = default_delta(divergence) if delta is None else delta
@@ -238,9 +235,8 @@ def aggregate(per_token, mask, agg="token-mean", global_count=None):
 
 
 def denominator(tokens, agg):
-    """What `aggregate` divides by, from each sequence's valid tokens (B,): their sum for
-    token-mean, the sequences holding any for the seq-mean aggregations. A trainer sums it over
-    micro-batches and ranks into `global_count`."""
+    """What `aggregate` divides by, from the valid tokens per sequence (B,): their sum for
+    token-mean, the sequences holding any otherwise; over micro-batches and ranks: global_count."""
     return tokens.sum() if agg == "token-mean" else (tokens > 0).sum()
 
 
@@ -256,12 +252,10 @@ def _reinforce(weight, log_x):
 
 
 def _stats(valid, log_r, old, d=None, **clipped):
-    """Python floats over the valid tokens: the STATS (masks in `clipped`: CLIP_STATS name ->
-    (B, T) bool; missing ones are 0) and the BY_MU lists, bucketed by mu. d = |D(r)| for div_mean,
-    capped at 1e6 (kl-binary is infinite at pi = 1). Off the mask _prepare made log r = log mu = 0,
-    so r - 1, k3 and D are 0 there and their plain sums are sums over the valid tokens. Each value
-    is computed under its name and read back by name: a misspelt mask or a STATS name with no value
-    raises instead of mislabelling."""
+    """Python floats over the valid tokens: the STATS (masks in `clipped`: CLIP_STATS name -> (B, T)
+    bool; missing ones are 0) and the BY_MU lists. d = |D(r)| for div_mean, capped at 1e6 (kl-binary
+    is infinite at pi = 1). Off the mask log r = log mu = 0, so plain sums are the valid tokens'.
+    A misspelt mask or a STATS name with no value raises instead of mislabelling."""
     unknown = sorted(set(clipped) - set(CLIP_STATS))
     if unknown:
         raise ValueError(f"_stats: unknown mask {unknown[0]!r}; masks: {', '.join(CLIP_STATS)}")
@@ -391,9 +385,7 @@ def clip_cov_candidates(logp, old_logp, advantages, mask, center, eps=0.2, cov_l
                         cov_high=5.0):
     """Clip-Cov's candidates (Cui et al. 2025, arXiv 2505.22617, sec. 5), (B, T) bool: tokens PPO
     did not clip whose centred covariance (log pi - center[0]) (A - center[1]) lies in (cov_low,
-    cov_high). center = (mean log pi, mean A) over the valid tokens of the whole mini-batch, so a
-    trainer that computes it across micro-batches and ranks gets the whole-batch candidates in every
-    micro-batch."""
+    cov_high); center = (mean log pi, mean A) over the whole mini-batch's valid tokens."""
     with torch.no_grad():
         valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
         upper, lower = _ppo_clipped(log_r.exp(), adv, eps, eps)
@@ -434,9 +426,8 @@ def drpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=N
     DPPO's binary-TV region |pi - mu| <= delta made smooth. Per token -A r + |A| mu (r - 1)^2 /
     (2 delta): as mu (r - 1) = pi - mu, the gradient is -A r grad log pi times
     1 - sign(A)(pi - mu)/delta (their Table 1), 1 at pi = mu, 0 on the region's boundary on the
-    pushed side, negative (corrective) beyond it. clip_frac counts tokens whose weight reached 0
-    (DPPO's clipped set). The authors' delta 12.5 is no region under this formula
-    (|pi - mu| <= 1); we default to the tv-binary cell's 0.1. Token-mean."""
+    pushed side, negative (corrective) beyond it. clip_frac: tokens whose weight reached 0 (DPPO's
+    clipped set). The authors' delta 12.5 is no region here (|pi - mu| <= 1): we use 0.1."""
     if not delta > 0:
         raise ValueError(f"delta must be > 0, got {delta!r}")
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
