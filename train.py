@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from infra import flags   # argparse alone: the flags are read before the heavy imports below
 
-# configuration: the algorithm's flags; the run's (files, memory, LoRA, logging): infra/flags.py
+# configuration: the algorithm's flags (LoRA's: what is trained); the run's: infra/flags.py
 
 
 def parser():
@@ -306,6 +306,15 @@ def sample_groups(args, run, it):
     return Samples(batch, rows, positions, version=version)
 
 
+# 2. score ----------------------------------------------------------------------------------------
+
+def score_in_background(args, scorer, s):
+    """Every completion's reward (reward.py: its task's verifier, 0 or 1), in the scorer's thread
+    while step 3 runs; returns the future of the list."""
+    rows = [s.rows[i // args.group_size] for i in range(len(s.batch.texts))]
+    return scorer.submit(reward.score_rows, s.batch.texts, rows)
+
+
 # 3. mu -------------------------------------------------------------------------------------------
 
 def behaviour_logprobs(args, model, batch, pad_id, device):
@@ -473,9 +482,8 @@ def update(args, run, samples, batches, it):
             if count == 0:          # every sample of this mini-batch dropped, on every rank
                 continue
             count /= acc.num_processes   # DDP averages gradients over ranks: the whole mean
-            seed = derived_seed(args, "clip_cov", it, u)
-            detach = clip_cov_selection(args, run, s, passes, seed, gppo) \
-                if args.objective == "clip_cov" else [None] * len(passes)
+            detach = [None] * len(passes) if args.objective != "clip_cov" else clip_cov_selection(
+                args, run, s, passes, derived_seed(args, "clip_cov", it, u), gppo)
             kl = [0.0, 0.0]                                      # k3 KL sum, tokens
             for c, idx in enumerate(passes):
                 inputs, old_logp, mask, adv = pass_inputs(args, run, s, idx)
@@ -524,8 +532,7 @@ def main(argv=None):
         clock, batches = Stopwatch(), minibatches(args, it)
         s = run.rollouts.take(it)                                                    # 1. sample
         clock.lap("rollout")
-        rows = [s.rows[i // args.group_size] for i in range(len(s.batch.texts))]
-        scoring = scorer.submit(reward.score_rows, s.batch.texts, rows)              # 2. score
+        scoring = score_in_background(args, scorer, s)                               # 2. score
         s.old_logp, s.tis, s.gap = behaviour_logprobs(args, run.model, s.batch,      # 3. mu
                                                       run.pad_id, acc.device)
         clock.lap("logp")
