@@ -2,7 +2,7 @@
 Which region tolerates a stale sampler: --async_lag K on the embedded default, --target_kl 0 (the
 guard would hide what the region does), three cells, paired seeds, each against K = 0.
 
-    python bench/async_study.py --run --seeds 0-1          # the runs (bench/sweep.py, resumable)
+    python bench/async_study.py --run --seeds 0-1 --iters 30   # the runs (bench/sweep.py, resumable)
     python bench/async_study.py --run --seeds 2 --configs K0,K3   # more seeds where intervals are wide
     python bench/async_study.py                            # tables + figure from what has finished
     python bench/async_study.py --publish                  # ... into bench/results/async/
@@ -25,6 +25,7 @@ What it reports, per cell and configuration, over the seeds that finished:
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,11 @@ COMMON = ["--target_kl", "0"]
 TARGET = 0.8
 
 
-def run(configs, seeds, jobs):
+def run(configs, seeds, jobs, iters):
     for name in configs:
         cmd = [sys.executable, "bench/sweep.py", "--out", f"out/async/{name}", "--only",
-               ",".join(CELLS), "--seeds", seeds, "--jobs", str(jobs), *COMMON, *CONFIGS[name]]
+               ",".join(CELLS), "--seeds", seeds, "--jobs", str(jobs), "--iters", str(iters),
+               *COMMON, *CONFIGS[name]]
         print(" ".join(shown(c) for c in cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
 
@@ -72,7 +74,13 @@ def interval(n, m, lo, hi):
 
 def spread(xs):
     xs = sorted(xs)
-    return f"{xs[len(xs) // 2]:.1f} [{xs[0]:.1f}, {xs[-1]:.1f}]" if xs else "-"
+    return f"{statistics.median(xs):.1f} [{xs[0]:.1f}, {xs[-1]:.1f}]" if xs else "-"
+
+
+def never(runs):
+    """How many runs never reached TARGET (counted as their last iteration + 1)."""
+    n = sum(not iters_to_reward(v[2], TARGET)[1] for v in runs.values())
+    return f", {n} never" if n else ""
 
 
 def report(data):
@@ -92,7 +100,7 @@ def report(data):
             lines.append(
                 f"| {cell} | {name} | {spread(score.values())} | "
                 f"{interval(*paired(score, {s: v[0] for s, v in base.items()})) if name != 'K0' else ''} | "
-                f"{spread(speed.values())} | "
+                f"{spread(speed.values())}{never(runs)} | "
                 f"{interval(*paired(speed, {s: v[1] for s, v in base.items()})) if name != 'K0' else ''} |")
     lines += ["", "Clip rate by behaviour probability mu (< 0.01 | < 0.1 | < 0.5 | >= 0.5), mean "
               "over iterations and seeds:", "", "| cell | config | clip_frac_by_mu | clip_frac |",
@@ -155,10 +163,11 @@ if __name__ == "__main__":
     p.add_argument("--seeds", default="0-2", help="seeds to run, as bench/sweep.py reads them")
     p.add_argument("--configs", default=",".join(CONFIGS), help="which configurations to run")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (bench/sweep.py choice 6)")
+    p.add_argument("--iters", type=int, default=60, help="train.py --iters of every run")
     p.add_argument("--publish", action="store_true", help="write bench/results/async/")
     a = p.parse_args()
     if a.run:
-        run(a.configs.split(","), a.seeds, a.jobs)
+        run(a.configs.split(","), a.seeds, a.jobs, a.iters)
     data = collect()
     text = report(data)
     print(text)

@@ -99,7 +99,9 @@ def test_resume_at_k_1_trains_the_batches_of_the_unbroken_run(tiny, tmp_path, mu
 
 @pytest.mark.slow
 def test_two_processes_make_the_one_process_update_at_k_1(tiny, recorded, tmp_path):
-    flags = [*MP, "--iters", "2", "--async_lag", "1", "--mu_source", "vllm",
+    # the recorded batches of iterations 1-2: iteration 1 trains while batch 2 is taken ahead in
+    # each rank's thread, and the final checkpoint gathers both ranks' in-flight batches
+    flags = [*MP, "--iters", "1", "--async_lag", "1", "--mu_source", "vllm",
              "--replay_rollouts", str(recorded / "rollouts")]
     ok(run(train_cmd(tiny, tmp_path / "one", *flags))[0])
     ok(run(LAUNCH_2 + train_cmd(tiny, tmp_path / "two", *flags)[1:], timeout=300)[0])
@@ -111,6 +113,9 @@ def test_two_processes_make_the_one_process_update_at_k_1(tiny, recorded, tmp_pa
     diff = (one - two).abs().max().item()
     assert one.abs().max().item() > 1e-4, "the update barely moved the weights"
     assert diff < 1e-4, f"1 vs 2 processes at K = 1: max |param diff| {diff:.3g}"   # as test_scale
+    state = torch.load(tmp_path / "two" / "checkpoints" / "iter_000001" / "custom_checkpoint_1.pkl",
+                       weights_only=False)                  # the prefetcher's: every rank's batch 2
+    assert [list(r) for r in state["ranks"]] == [[2], [2]], state["ranks"]
 
 
 @pytest.mark.parametrize("flags, named", [
