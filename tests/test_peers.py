@@ -173,6 +173,19 @@ def baseline(name, **kw):
     return lambda *x, **more: gppo.BASELINES[name](*x, **kw, **more)
 
 
+def clip_cov_own_draw(clip_ratio, seed=0):
+    """Clip-Cov with its draw made on this one batch (infra/clip_cov.py makes it over the whole
+    mini-batch): the candidates at the batch's centre, clip_cov_draw's pick of them."""
+    def loss(logp, old, adv, mask, **more):
+        valid, lp = mask.bool(), logp.detach()
+        a = adv if adv.dim() == 2 else adv[:, None].expand_as(lp)
+        cand = gppo.clip_cov_candidates(lp, old, adv, mask, (lp[valid].mean(), a[valid].mean()))
+        detach = gppo.clip_cov_draw(cand, int(valid.sum()), clip_ratio,
+                                    torch.Generator().manual_seed(seed))
+        return gppo.clip_cov_loss(logp, old, adv, mask, clip_ratio=clip_ratio, detach=detach, **more)
+    return loss
+
+
 def our_grad(loss_fn, batch, **kw):
     """(loss, d loss / d log pi, stats) of one of ours on the float32 batch."""
     logp = batch.logp.clone().requires_grad_(True)
@@ -422,7 +435,7 @@ VERL_CASES = {
                   tokens((0.8, 1.28), empty_row=True), clips=False),
     # clip_cov_ratio 1: both detach every candidate, no random draw (test_verl_clip_cov_random_draw has one)
     "clip_cov-all": Case({"loss_mode": "clip_cov", **clip(0.2), "policy_loss": {"clip_cov_ratio": 1.0}},
-                         baseline("clip_cov", clip_ratio=1.0), tokens((0.8, 1.2), empty_row=True)),
+                         clip_cov_own_draw(1.0), tokens((0.8, 1.2), empty_row=True)),
     "geo_mean": Case({"loss_mode": "geo_mean", **clip(0.4)}, baseline("gmpo", global_count=B),
                      tokens((math.exp(-0.4), math.exp(0.4)), empty_row=True), same_value=True),
 }
@@ -453,7 +466,7 @@ def test_verl_clip_cov_random_draw(verl, seed):
     drawn = (peer == 0) & batch.mask                        # verl's draw, plus PPO's clipped tokens
     _, grad, _ = our_grad(baseline("clip_cov", clip_ratio=0.05, detach=drawn), batch)
     assert_same_gradient(grad, peer, batch, f"verl clip_cov with verl's draw (seed {seed})")
-    own_draw = baseline("clip_cov", clip_ratio=0.05, generator=torch.Generator().manual_seed(seed))
+    own_draw = clip_cov_own_draw(0.05, seed)
     _, _, stats = our_grad(own_draw, batch)
     ours_drawn = stats["clip_frac"] - stats["clip_frac_upper"] - stats["clip_frac_lower"]
     assert ours_drawn == pytest.approx(metrics["actor/pg_clipfrac"], abs=1e-6) and ours_drawn > 0
