@@ -123,7 +123,7 @@ class MetricsLog:
                  "kept": s.keep.sum(), "penalty": (s.rewards - s.shaped).sum(),
                  "groups": len(groups), "solved": (groups.max(1).values > 0).sum(),
                  "uniform": (shaped.max(1).values == shaped.min(1).values).sum(),
-                 "gap": gap[0], "gap_n": gap[1], **{f"mismatch{j}": v for j, v in enumerate(gap)},
+                 **{f"mismatch{j}": v for j, v in enumerate(gap)},   # 0, 1: |d| sum, tokens
                  **by_source,
                  **{k: v for k, v in upd.sums.items() if k != "ratio_max"},
                  **{f"tok{b}": upd.tok_b[b] for b in buckets},
@@ -141,7 +141,7 @@ class MetricsLog:
             solve_rate=t["solved"] / t["groups"], response_len=t["len"] / N,
             truncated_frac=t["truncated"] / N, kept_frac=t["kept"] / N,
             overlong_penalty=t["penalty"] / N, uniform_group_frac=t["uniform"] / t["groups"],
-            lr=upd.lr, logp_gap_vllm=t["gap"] / max(t["gap_n"], 1), **means,
+            lr=upd.lr, logp_gap_vllm=t["mismatch0"] / max(t["mismatch1"], 1), **means,
             ratio_max=every[:, -1].max().item(),
             token_frac_by_mu=[t[f"tok{b}"] / n_tok for b in buckets],
             clip_frac_by_mu=[t[f"clip{b}"] / max(t[f"tok{b}"], 1.0) for b in buckets],
