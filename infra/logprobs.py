@@ -58,8 +58,11 @@ def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=No
     parts = []
     for s in range(0, len(y), rows):
         chunk = (h[s:s + rows], head, y[s:s + rows], head_precision, entropy_grad)
-        if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logp_entropy, *chunk, use_reentrant=False))
+        if torch.is_grad_enabled():   # recomputed in backward; the chunk draws no random number,
+            # and saving/restoring torch's generator (the default) would rewind it under vLLM's
+            # sampler, which draws from it in --async_lag's thread at that moment
+            parts.append(checkpoint(_chunk_logp_entropy, *chunk, use_reentrant=False,
+                                    preserve_rng_state=False))
         else:
             parts.append(_chunk_logp_entropy(*chunk))
     logp = torch.zeros(targets.shape, dtype=torch.float32, device=ids.device)

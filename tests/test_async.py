@@ -80,6 +80,27 @@ def test_the_batch_of_iteration_t_was_sampled_by_the_weights_after_t_minus_1_min
         assert all(g > 100 * gap[sampler] for v, g in gap.items() if v != sampler), (t, gap)
 
 
+def test_the_backward_pass_leaves_torch_s_generator_to_the_sampler(tiny, monkeypatch):
+    """vLLM's sampler draws from torch's global generator in the prefetch thread while the trainer
+    runs its backward pass. token_logprobs recomputes its head chunks there; had the recompute
+    restored the generator to its forward-time state (torch.utils.checkpoint's default), the
+    sampler would redraw old numbers and lose its own draws: seen as two unbroken K = 1 runs
+    sampling different batches. The recompute must see the live stream."""
+    from infra import logprobs
+    seen, chunk = [], logprobs._chunk_logp_entropy
+    monkeypatch.setattr(logprobs, "_chunk_logp_entropy",
+                        lambda *a: seen.append(torch.random.get_rng_state()) or chunk(*a))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny / "model"), dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 4, 7, 3]])
+    torch.manual_seed(0)
+    logp, _ = logprobs.token_logprobs(model, ids, torch.ones_like(ids), torch.tensor([[0, 0, 1, 1, 1, 1]]))
+    torch.rand(7)                           # the sampler's draws between forward and backward
+    live = torch.random.get_rng_state()
+    logp.sum().backward()
+    assert len(seen) == 2, "the head chunk was not recomputed in the backward pass"
+    assert torch.equal(seen[1], live), "the recompute rewound torch's generator"
+
+
 @pytest.mark.parametrize("mu", [["--mu_source", "vllm"], ["--tis_cap", "2"]],
                          ids=["coupled", "decoupled"])
 @pytest.mark.slow
