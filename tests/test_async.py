@@ -104,22 +104,31 @@ def test_the_backward_pass_leaves_torch_s_generator_to_the_sampler(tiny, monkeyp
 @pytest.mark.parametrize("mu", [["--mu_source", "vllm"], ["--tis_cap", "2"]],
                          ids=["coupled", "decoupled"])
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known gap (issue 42): the resumed run trains the same batch at "
-                   "the first iteration after --resume (rewards equal, checkpoint contents equal to the "
-                   "unbroken run's), but its update statistics differ; K = 0 resume is exact. Cause not "
-                   "found yet; this test passed once and failed twice on the same code")
 def test_resume_at_k_1_trains_the_batches_of_the_unbroken_run(tiny, tmp_path, mu):
+    """The batches are the same, token for token; the update is the same to float32 noise. Not
+    bitwise: the first iterations after --resume differ from the unbroken run's in the last bits
+    (1e-6 relative, measured) although both run on one thread each. Serialising the sampler
+    (waiting for its batch before the update) makes them bitwise equal, so the difference comes
+    from sampling and training overlapping in time, whose timing differs in a fresh process;
+    two unbroken runs are bitwise equal."""
     flags = [*MP, "--async_lag", "1", *mu]
-    ok(run(train_cmd(tiny, tmp_path / "straight", *flags, "--iters", "4"), timeout=300)[0])
-    ok(run(train_cmd(tiny, tmp_path / "broken", *flags, "--iters", "2"), timeout=300)[0])
-    ok(run(train_cmd(tiny, tmp_path / "broken", *flags, "--iters", "4", "--resume"), timeout=300)[0])
+    for out, iters, more in (("straight", 4, []), ("broken", 2, []), ("broken", 4, ["--resume"])):
+        ok(run(train_cmd(tiny, tmp_path / out, *flags, "--iters", str(iters), *more,
+                         "--save_rollouts", str(tmp_path / f"{out}-rollouts")), timeout=300)[0])
     a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "broken")
     assert [r["iter"] for r in b] == [1, 2, 3, 4]
+    for t in range(1, 5):    # the batches trained; batch 4 was sampled by the checkpoint's weights
+        name = f"iter_{t:06d}_rank000.json"
+        assert (tmp_path / "straight-rollouts" / name).read_text() == \
+            (tmp_path / "broken-rollouts" / name).read_text(), f"batch {t} differs"
     for ra, rb in zip(a, b):
-        diff = [k for k in ra if k not in TIMERS and ra[k] != rb.get(k)]
-        assert not diff, f"iteration {ra['iter']}: {diff}"
+        assert ra["reward_mean"] == rb["reward_mean"] and ra["staleness"] == rb["staleness"]
+        for k in ("ratio_mean", "kl_k3", "entropy", "grad_norm", "mismatch_kl_k3"):
+            assert math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=1e-9), (ra["iter"], k)
     assert max(r["mismatch_kl_k3"] for r in a[1:]) > 0, "no staleness: the check says nothing"
-    assert torch.equal(update_of(tmp_path / "straight", tiny), update_of(tmp_path / "broken", tiny))
+    one, two = update_of(tmp_path / "straight", tiny), update_of(tmp_path / "broken", tiny)
+    assert one.abs().max().item() > 1e-4, "the update barely moved the weights"
+    assert (one - two).abs().max().item() < 1e-5
 
 
 @pytest.mark.slow
