@@ -206,6 +206,35 @@ def solve_stats(model, items, tok):
     return prob / len(items), greedy / len(items)
 
 
+def sft_loop(model, args, next_batch, loss_of, validate, done):
+    """The warm start's loop, both recipes': AdamW with a linear warm-up, one clipped step per
+    batch, validated every --eval_every steps and at the last, stopped once done(report).
+    next_batch() -> (ids, labels, attention, *extra); loss_of(logits, labels, *extra) -> loss,
+    both in the shifted coordinates (logits[:, t] predicts ids[t + 1]); validate() ->
+    (report, its text for the log). Returns (steps taken, final loss, seconds, report)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    # linear warm-up then constant: without it the loss spikes early at this learning rate
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
+    model.train()
+    t0, report = time.time(), None
+    for step in range(1, args.steps + 1):
+        ids, labels, attn, *extra = next_batch()
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        loss = loss_of(logits, labels[:, 1:], *extra)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % args.eval_every == 0 or step == args.steps:
+            report, text = validate()
+            print(f"warm start step {step}/{args.steps} | loss {loss.item():.3f} | val {text} | "
+                  f"{time.time() - t0:.0f}s", flush=True)
+            if done(report):
+                break
+    return step, loss.item(), time.time() - t0, report
+
+
 def warm_start(model, rows, tok, args):
     """Supervised training on the noisy demonstrator (the docstring's item 4).
 
@@ -215,34 +244,24 @@ def warm_start(model, rows, tok, args):
     is the policy's mode, while one sample at temperature 1 is right only about as often as the
     demonstrator (math: q_math + (1 - q_math) / 10).
     """
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    # linear warm-up then constant: without it the loss spikes early at this learning rate
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
     rng = random.Random(args.seed + 1)
     val = {task: s["train"][:args.n_val] for task, s in rows.items()}
     train = {task: {"train": s["train"][args.n_val:]} for task, s in rows.items()}
     char_sets = [tok.convert_tokens_to_ids(list("0123456789")), tok.convert_tokens_to_ids(list("+-"))]
     keep_of = {"math": args.q_math, "code": args.q_code}
-    model.train()
-    t0, report = time.time(), {}
-    for step in range(1, args.steps + 1):
+
+    def next_batch():   # each row's q: how often its demonstrator writes an answer character right
         ids, labels, attn, tasks = sft_batch(train, tok, rng, args.batch_size)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        keep = torch.tensor([keep_of[t] for t in tasks])
-        loss = noisy_demonstrator_loss(logits, labels[:, 1:], keep, char_sets)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % args.eval_every == 0 or step == args.steps:
-            report = {task: solve_stats(model, items, tok) for task, items in val.items()}
-            print(f"warm start step {step}/{args.steps} | loss {loss.item():.3f} | val " + " | ".join(
-                f"{t} sample {p:.3f} greedy {g:.3f}" for t, (p, g) in report.items())
-                + f" | {time.time() - t0:.0f}s", flush=True)
-            if all(g >= args.target for _, g in report.values()):
-                break
-    return {"steps": step, "final_loss": loss.item(), "seconds": time.time() - t0,
+        return ids, labels, attn, torch.tensor([keep_of[t] for t in tasks])
+
+    def validate():
+        report = {task: solve_stats(model, items, tok) for task, items in val.items()}
+        return report, " | ".join(f"{t} sample {p:.3f} greedy {g:.3f}" for t, (p, g) in report.items())
+
+    step, loss, seconds, report = sft_loop(
+        model, args, next_batch, lambda lg, lb, keep: noisy_demonstrator_loss(lg, lb, keep, char_sets),
+        validate, lambda report: all(g >= args.target for _, g in report.values()))
+    return {"steps": step, "final_loss": loss, "seconds": seconds,
             "val": {t: {"sample_solve": p, "greedy_solve": g} for t, (p, g) in report.items()}}
 
 
@@ -355,35 +374,25 @@ def rare_warm_start(model, rows, tok, args):
     `target` of them (rare_stats) and the answer's mean probability is within 1.5 x q, so the
     start is the demonstrator's: the skill learned, the answer sampled about q of the time.
     """
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
     rng = random.Random(args.seed + 1)
     val, train = rows["math"]["train"][:args.n_val], rows["math"]["train"][args.n_val:]
-    model.train()
-    t0, report = time.time(), (0.0, 0.0)
-    for step in range(1, args.steps + 1):
-        ids, labels, attn, pos, others = rare_sft_batch(train, tok, rng, args.batch_size)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        loss = confused_demonstrator_loss(logits, labels[:, 1:], pos, others, args.q_rare)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % args.eval_every == 0 or step == args.steps:
-            report = rare_stats(model, val, tok)
-            print(f"warm start step {step}/{args.steps} | loss {loss.item():.3f} | val answer mu "
-                  f"{report[0]:.4f} knows {report[1]:.3f} | {time.time() - t0:.0f}s", flush=True)
-            if report[1] >= args.target and report[0] <= 1.5 * args.q_rare:
-                break
-    return {"steps": step, "final_loss": loss.item(), "seconds": time.time() - t0,
-            "val": {"math": {"answer_mu": report[0], "knows": report[1]}}}
+
+    def validate():
+        mu, knows = rare_stats(model, val, tok)
+        return (mu, knows), f"answer mu {mu:.4f} knows {knows:.3f}"
+
+    step, loss, seconds, (mu, knows) = sft_loop(
+        model, args, lambda: rare_sft_batch(train, tok, rng, args.batch_size),
+        lambda lg, lb, pos, others: confused_demonstrator_loss(lg, lb, pos, others, args.q_rare),
+        validate, lambda report: report[1] >= args.target and report[0] <= 1.5 * args.q_rare)
+    return {"steps": step, "final_loss": loss, "seconds": seconds,
+            "val": {"math": {"answer_mu": mu, "knows": knows}}}
 
 
 # the functions and flags that decide what the model is; threads, output folder and --force do not
 RECIPE_FUNCTIONS = ("math_problems", "math_solution", "code_problems", "code_solution", "make_tasks",
                     "build_tokenizer", "build_model", "collate", "sft_batch", "noisy_demonstrator_loss",
-                    "solve_stats", "warm_start")
+                    "solve_stats", "sft_loop", "warm_start")
 NOT_RECIPE = ("out", "threads", "force")
 # the rare variant's: part of its recipe, and absent from the default's (whose hash predates them)
 RARE_FUNCTIONS = ("rare_math_problems", "rare_make_tasks", "rare_sft_batch", "confused_demonstrator_loss",
