@@ -40,6 +40,7 @@ class Prefetch:
                                        initargs=(torch.get_num_threads(),)) if lag else None
         self.pending = {}                      # iteration -> Future of its batch
         self.next = None                       # the first iteration not yet submitted
+        self.failed = None                     # the first batch whose sampling raised
 
     def take(self, it):
         """Iteration it's batch (waits if it is still being sampled); at K >= 1 the batches up to
@@ -48,7 +49,7 @@ class Prefetch:
             return self.sample(it)
         self.next = self.next or it             # a fresh run, or a resumed one at K = 0
         while self.next <= it + self.lag:       # at the start: the first K + 1 batches
-            self.pending[self.next] = self.pool.submit(self.sample, self.next)
+            self.pending[self.next] = self.pool.submit(self._sample, self.next)
             self.next += 1
         return self.pending.pop(it).result()
 
@@ -56,6 +57,18 @@ class Prefetch:
         """Wait until no generation is under way (the weight sync must not race one)."""
         for f in self.pending.values():
             f.result()
+
+    def _sample(self, it):
+        """The worker's job. Once a batch has failed, the batches queued behind it fail at once
+        instead of sampling with the engine that failed: the error reaches the loop when it takes
+        the failed batch, and the process exits rather than waiting for the queue to drain."""
+        if self.failed is not None:
+            raise RuntimeError(f"batch {it} not sampled: sampling batch {self.failed} failed")
+        try:
+            return self.sample(it)
+        except BaseException:
+            self.failed = it
+            raise
 
     def state_dict(self):                      # every rank calls it: the gather is collective
         self.idle()

@@ -44,6 +44,27 @@ def test_prefetch_samples_each_batch_with_the_weights_k_iterations_older():
         assert max(seen) == 7 + lag, "the last iteration also samples K ahead"
 
 
+def test_a_failed_sampling_fails_the_batches_queued_behind_it():
+    """The error reaches the loop, and nothing more is sampled (a process whose engine failed
+    exits instead of waiting at exit for the worker to sample the queued batches with it)."""
+    calls = []
+
+    def sample(it):
+        calls.append(it)
+        if it == 2:
+            raise RuntimeError("engine failed")
+        return it
+
+    ahead = Prefetch(sample, 3, restore=None, acc=None)
+    assert ahead.take(1) == 1
+    with pytest.raises(RuntimeError, match="engine failed"):
+        ahead.take(2)
+    with pytest.raises(RuntimeError, match="batch 3 not sampled: sampling batch 2 failed"):
+        ahead.take(3)
+    ahead.pool.shutdown(wait=True)
+    assert calls == [1, 2], calls
+
+
 def _logprobs(model, rollouts):
     """The model's log-prob of every sampled token of a saved RolloutBatch, flattened."""
     out = []
