@@ -122,6 +122,19 @@ def test_the_backward_pass_leaves_torch_s_generator_to_the_sampler(tiny, monkeyp
     assert torch.equal(seen[1], live), "the recompute rewound torch's generator"
 
 
+def test_the_options_of_mature_trainers_work_at_k_1(tiny, tmp_path):
+    """LoRA, dynamic sampling, the KL guard and the reference KL in one run at K = 1."""
+    out = tmp_path / "options"
+    ok(run(train_cmd(tiny, out, *MP, "--iters", "3", "--async_lag", "1", "--mu_source", "vllm",
+                     "--lora_rank", "4", "--drop_uniform_groups", "--target_kl", "0.05",
+                     "--kl_coef", "0.01"), timeout=300)[0])
+    rows = metrics(out)
+    assert [r["staleness"] for r in rows] == [0, 1, 1]
+    # under LoRA the reference is the policy with its adapters off
+    assert rows[-1]["kl_ref"] > 0, "the adapters never moved the policy from the base model"
+    assert sum(r["updates"] for r in rows) > 0
+
+
 @pytest.mark.parametrize("mu", [["--mu_source", "vllm"], ["--tis_cap", "2"]],
                          ids=["coupled", "decoupled"])
 @pytest.mark.slow
