@@ -2,8 +2,8 @@
 Which region tolerates a stale sampler: --async_lag K on the embedded default, --target_kl 0 (the
 guard would hide what the region does), three cells, paired seeds, each against K = 0.
 
-    python bench/async_study.py --run --seeds 0-1 --iters 30   # the runs (bench/sweep.py, resumable)
-    python bench/async_study.py --run --seeds 2 --configs K0,K3   # more seeds where intervals are wide
+    python bench/async_study.py --run --seeds 0-2 --iters 30   # the runs (bench/sweep.py, resumable)
+    python bench/async_study.py --run --seeds 3 --configs K0,K3   # more seeds where intervals are wide
     python bench/async_study.py                            # tables + figure from what has finished
     python bench/async_study.py --publish                  # ... into bench/results/async/
 
@@ -16,13 +16,15 @@ What it reports, per cell and configuration, over the seeds that finished:
 1. final avg@8 (both held-out sets), and its paired difference against K0 with a 95% t interval
    (bench/stats.py choice 1);
 2. the first iteration whose train reward reaches 0.8 (a run that never does counts as iters + 1),
-   paired against K0 the same way;
+   paired against K0 the same way; then each cell's change from its own K0 against another
+   cell's (the region that tolerates staleness best loses the least);
 3. the clip rate by behaviour probability (clip_frac_by_mu; under decoupled the buckets are the
    proximal policy's probability), the mean over iterations and seeds;
 4. the distribution of log(proximal / mu) at the first step (the row's mismatch_hist, logged at
    K >= 1; infra/metrics.MISMATCH_BINS) over the iterations whose batch is K iterations stale.
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -102,6 +104,17 @@ def report(data):
                 f"{interval(*paired(score, {s: v[0] for s, v in base.items()})) if name != 'K0' else ''} | "
                 f"{spread(speed.values())}{never(runs)} | "
                 f"{interval(*paired(speed, {s: v[1] for s, v in base.items()})) if name != 'K0' else ''} |")
+    lines += ["", "Which region tolerates the stale sampler best: each cell's change from its own K0, "
+              "against another cell's change, paired by seed ((a at K - a at K0) - (b at K - b at K0); "
+              "positive: a lost less avg@8, or took more extra iterations):", "",
+              "| config | a - b | avg@8 change | iterations change |", "|---|---|---|---|"]
+    for name in [n for n in CONFIGS if n != "K0"]:
+        change = {cell: [{s: v[i] - data["K0"][cell][s][i] for s, v in data[name][cell].items()
+                          if s in data["K0"][cell]} for i in (0, 1)] for cell in CELLS.values()}
+        for a, b in itertools.combinations(CELLS.values(), 2):
+            if change[a][0] and change[b][0]:
+                lines.append(f"| {name} | {a} - {b} | {interval(*paired(change[a][0], change[b][0]))} "
+                             f"| {interval(*paired(change[a][1], change[b][1]))} |")
     lines += ["", "Clip rate by behaviour probability mu (< 0.01 | < 0.1 | < 0.5 | >= 0.5), mean "
               "over iterations and seeds:", "", "| cell | config | clip_frac_by_mu | clip_frac |",
               "|---|---|---|---|"]
