@@ -100,9 +100,9 @@ def test_clip_cov_hand_example():
 def own_draw(logp, old, adv, mask, clip_ratio=2e-4, seed=0):
     """Clip-Cov's draw on one batch: the candidates at the batch's centre, k of them picked (what
     infra/clip_cov.py does over a whole mini-batch, all micro-batches and ranks)."""
-    valid = mask.bool()
-    center = (logp[valid].mean(), adv[:, None].expand_as(logp)[valid].mean())
-    cand = gppo.clip_cov_candidates(logp, old, adv, mask, center)
+    valid, logp = mask.bool(), logp.detach()
+    a = adv if adv.dim() == 2 else adv[:, None].expand_as(logp)   # per token or per sequence
+    cand = gppo.clip_cov_candidates(logp, old, adv, mask, (logp[valid].mean(), a[valid].mean()))
     return gppo.clip_cov_draw(cand, int(valid.sum()), clip_ratio, torch.Generator().manual_seed(seed))
 
 

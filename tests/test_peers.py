@@ -65,6 +65,7 @@ import pytest
 import torch
 
 import gppo
+from test_baselines import own_draw   # Clip-Cov's draw on one batch
 
 torch.set_num_threads(1)
 
@@ -174,14 +175,10 @@ def baseline(name, **kw):
 
 
 def clip_cov_own_draw(clip_ratio, seed=0):
-    """Clip-Cov with its draw made on this one batch (infra/clip_cov.py makes it over the whole
-    mini-batch): the candidates at the batch's centre, clip_cov_draw's pick of them."""
+    """Clip-Cov with its draw made on this one batch (test_baselines.own_draw; infra/clip_cov.py
+    makes it over the whole mini-batch)."""
     def loss(logp, old, adv, mask, **more):
-        valid, lp = mask.bool(), logp.detach()
-        a = adv if adv.dim() == 2 else adv[:, None].expand_as(lp)
-        cand = gppo.clip_cov_candidates(lp, old, adv, mask, (lp[valid].mean(), a[valid].mean()))
-        detach = gppo.clip_cov_draw(cand, int(valid.sum()), clip_ratio,
-                                    torch.Generator().manual_seed(seed))
+        detach = own_draw(logp, old, adv, mask, clip_ratio, seed)
         return gppo.clip_cov_loss(logp, old, adv, mask, clip_ratio=clip_ratio, detach=detach, **more)
     return loss
 
