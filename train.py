@@ -6,40 +6,33 @@ GPPO training: sample, score, advantages, AdamW updates of gppo.py's loss, weigh
     accelerate launch --num_processes 8 train.py @configs/math_8gpu.args   # README "Scaling up"
 
 One iteration, in the order main() runs it (the loop's comments use the same numbers):
-1. Sample `prompts_per_iter` prompts x `group_size` completions at temperature 1 with vLLM
-   (rollout.py), each rank its share of every mini-batch's prompts (whole groups).
+1. Sample `prompts_per_iter` x `group_size` completions at temperature 1 with vLLM (rollout.py),
+   each rank its share of every mini-batch's prompts (whole groups).
 2. Score them with reward.py (binary 0/1), in a thread while step 3 runs.
 3. mu's log-probs (`old_logp`): recomputed once by the trainer before any update (the default:
    the ratio is exactly 1 at the first step), or vLLM's own (`--mu_source vllm`).
-4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), broadcast to every token.
+4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), on every token.
 5. `epochs` passes in mini-batches of `prompts_per_update` prompts, one AdamW step each (the
    paper: 128/16 = 8 steps, 1 epoch), on gppo.py's loss over the *whole* mini-batch (all
-   micro-batches and ranks: on the same samples the update is the same whatever the process
-   count; the samples are not, as each rank seeds its own sampling). No KL penalty, no entropy
-   bonus, constant learning rate, gradient clipping (the paper's settings; --kl_coef,
-   --entropy_coef and --lr_schedule add the first three as TRL and verl offer them).
+   micro-batches and ranks: the same samples give the same update at any process count). The
+   paper's settings: no KL penalty or entropy bonus, constant lr, gradient clipping (--kl_coef,
+   --entropy_coef and --lr_schedule add them as TRL and verl do).
 6. The new weights stream into the running vLLM engine, in memory (rollout.py).
 7. One metrics row (metrics.jsonl, console, wandb), a checkpoint every `ckpt_every` iterations.
 
 Two guards the paper does not use are on in the CPU default, each for a failure measured there
 (README "The embedded default"): `--target_kl` skips the iteration's remaining steps once a
-mini-batch has drifted further than target_kl from mu, checked before that mini-batch's own step
-(as SB3's PPO; CleanRL checks after a whole epoch, so at epochs=1 it never acts): the per-token
-region cannot bound how far *other* tokens move the shared weights. `--overlong punish`: DAPO's
-soft overlong punishment (the reward reads the last answer, so EOS erodes without it).
+mini-batch has drifted further than target_kl from mu, checked before its own step (as SB3's PPO):
+the per-token region cannot bound how far *other* tokens move the shared weights. `--overlong
+punish`: DAPO's soft overlong punishment (the reward reads the last answer: EOS erodes without it).
 
-Off-policy, `--async_lag K` (prime-rl's async_level; 0, the paper's loop, by default): the sampler
-works K iterations ahead in a background thread (infra/prefetch.py), so the batch trained at
-iteration t was sampled by the weights after iteration t - 1 - K while iterations t - K .. t - 1
-trained. The sampler's weights are gone by then, so mu is what it recorded (vLLM's log-probs of the
-sampled tokens), used in one of two known ways:
-- coupled, `--mu_source vllm`: the region bounds pi against mu itself (eq. 11 as written); the
-  ratio starts at pi_old / mu, K iterations of drift away from 1.
+Off-policy, `--async_lag K` (prime-rl's async_level; 0 by default): the batch trained at iteration
+t was sampled, in a background thread (infra/prefetch.py), by the weights after iteration
+t - 1 - K. Those weights are gone, so mu is vLLM's recorded log-probs, used in one of two ways:
+- coupled, `--mu_source vllm`: the region bounds pi against mu itself (eq. 11 as written);
 - decoupled, `--mu_source recompute --tis_cap C` (AReaL; Hilton et al. 2021): the region bounds pi
-  against the proximal policy (the trainer's weights at the iteration's start, recomputed in
-  step 3), and each token is weighted by the truncated ratio min(proximal / mu, C) (step 3).
-(`--mu_source recompute` alone bounds pi against the proximal policy and ignores mu, as verl's
-default does.) The row logs `staleness` and the proximal / mu ratio's statistics.
+  against the proximal policy (the weights at the iteration's start, step 3), each token weighted
+  by min(proximal / mu, C). (recompute alone ignores mu, as verl's default does.)
 The machinery (flags, multi-process bookkeeping, checkpoints, metrics) is in infra/: skip it.
 """
 import argparse
@@ -82,13 +75,10 @@ def parser():
     g.add_argument("--estimator", default="atomic", choices=flags.Names("gppo.ESTIMATORS"),
                    metavar="NAME", help="D(r): %(choices)s")
     g.add_argument("--delta", type=float, help="region size (default: mc's lower bound is 0.8)")
-    g.add_argument("--ratio_bounds", default="0.5,10",
-                   help="'low,high' bounds intersected with the region, or 'none'")
-    g.add_argument("--dual_clip", default="10",
-                   help="no gradient for A<0 tokens with ratio above this, or 'none'")
-    g.add_argument("--agg", default=None, choices=flags.Names("gppo.AGGS"), metavar="AGG",
-                   help="loss aggregation, %(choices)s (default: token-mean for the grid, each "
-                   "baseline's own otherwise)")
+    g.add_argument("--ratio_bounds", default="0.5,10", help="'low,high' or 'none': ratio bounds")
+    g.add_argument("--dual_clip", default="10", help="no gradient if A<0 and ratio > it; 'none'")
+    g.add_argument("--agg", default=None, choices=flags.Names("gppo.AGGS"), metavar="AGG", help=
+                   "%(choices)s (default: token-mean for the grid, each baseline's own otherwise)")
     g.add_argument("--loss_kwargs", default="", help="a baseline's other keywords, 'k=v,k=v'")
     g = p.add_argument_group("sampling and optimisation")
     g.add_argument("--iters", type=int, default=60, help="RL iterations")
@@ -96,20 +86,15 @@ def parser():
     g.add_argument("--group_size", type=int, default=8, help="G: completions per prompt")
     g.add_argument("--max_new_tokens", type=int, default=48, help="max response length, tokens")
     g.add_argument("--mu_source", default="recompute", choices=("recompute", "vllm"))  # step 3
-    g.add_argument("--async_lag", type=int, default=0, metavar="K", help="sample each batch K "
-                   "iterations ahead, in the background, by weights K iterations older (0: the "
-                   "synchronous loop)")
+    g.add_argument("--async_lag", type=int, default=0, metavar="K", help="sample K iterations "
+                   "ahead, in the background, by weights K iterations older; 0: synchronous")
     g.add_argument("--prompts_per_update", type=int, default=8, help="M: prompts per AdamW step")
     g.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
-    g.add_argument("--lr", type=float, default=1.5e-4, help="AdamW learning rate (the peak of "
-                   "--lr_schedule)")
+    g.add_argument("--lr", type=float, default=1.5e-4, help="AdamW lr (--lr_schedule's peak)")
     g.add_argument("--lr_schedule", default="constant", choices=("constant", "cosine", "linear"),
-                   help="lr over the run's iters x P/M x epochs AdamW steps, after the warmup: "
-                   "constant (the paper), or a cosine or linear decay to --min_lr_ratio x --lr")
-    g.add_argument("--warmup_steps", type=int, default=0,
-                   help="AdamW steps of linear warmup from 0 to --lr")
-    g.add_argument("--min_lr_ratio", type=float, default=0.0,
-                   help="floor of the cosine and linear decays, a fraction of --lr")
+                   help="constant (the paper), or decays to --min_lr_ratio x --lr at the run's end")
+    g.add_argument("--warmup_steps", type=int, default=0, help="AdamW steps of warmup from 0")
+    g.add_argument("--min_lr_ratio", type=float, default=0.0, help="decays' floor, x --lr")
     g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--grad_clip", type=float, default=1.0, help="max global gradient norm")
     g.add_argument("--target_kl", type=float, default=0.05, help="skip the iteration's remaining "
@@ -123,12 +108,11 @@ def parser():
     g.add_argument("--tis_cap", type=float, help="truncated IS: weigh by min(pi_old/mu_vllm, cap)")
     g.add_argument("--kl_coef", type=float, default=0.0, help="k3 KL penalty to ref_model; 0: off")
     g.add_argument("--ref_model", default="", help="reference model of --kl_coef (def. --model)")
-    g.add_argument("--entropy_coef", type=float, default=0.0, help="entropy bonus: the loss less "
-                   "coef x the policy's entropy per token, aggregated as the loss; 0: off")
+    g.add_argument("--entropy_coef", type=float, default=0.0, help="entropy bonus; 0: off")
     g = p.add_argument_group("what is trained: LoRA adapters through peft (infra/lora.py)")
     g.add_argument("--lora_rank", type=int, default=0, help="adapter rank; 0 = full fine-tune")
-    g.add_argument("--lora_alpha", type=float, default=None, help="LoRA scale alpha/rank "
-                   "(default: 2 x rank)")
+    g.add_argument("--lora_alpha", type=float, default=None,
+                   help="the adapters' scale is alpha/rank (default alpha: 2 x rank)")
     g.add_argument("--lora_dropout", type=float, default=0.0, help="dropout on the adapters' input")
     g.add_argument("--lora_target_modules", default="all-linear", help="comma-separated names of "
                    "the linear layers to adapt (default: every one of attention and MLP)")
@@ -145,7 +129,6 @@ if __name__ == "__main__":   # a mistyped flag or -h is answered here, before th
 
 # the heavy imports (torch, transformers, accelerate, vLLM's through rollout.py), after the flags
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.logging import disable_progress_bar
 
 import gppo
@@ -158,11 +141,12 @@ from infra.checkpoints import (StopRequest, check_out_dir, prepare_out_dir, resu
 from infra.clip_cov import clip_cov_selection
 from infra.distributed import agree_to_stop, gradient_sync, make_accelerator, micro_batches
 from infra.logprobs import collate
-from infra.lora import adapters_off, add_adapters
+from infra.lora import adapters_off
 # token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
 #   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 from infra.logprobs import token_logprobs
 from infra.metrics import MetricsLog, Stopwatch, UpdateLog, add_sums, mismatch_sums
+from infra.models import load_policy, load_reference, load_tokenizer
 from infra.prefetch import Prefetch
 from infra.replay import replayed_rollouts, save_rollouts
 from rollout import RolloutBatch, make_engine, weight_buckets
@@ -194,10 +178,7 @@ def setup(args):
     disable_progress_bar()   # transformers' "Loading weights" bars, at every load and save
     acc = make_accelerator(args)   # also: FSDP on the CPU, head precision, threads, seeds
     rank, world = acc.process_index, acc.num_processes
-    tok = AutoTokenizer.from_pretrained(args.model)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id   # Llama
-    if pad_id is None:
-        raise ValueError(f"--model={args.model!r}: its tokenizer has neither a pad nor EOS token")
+    tok, pad_id = load_tokenizer(args.model)   # infra/models.py: the loading of models
     limit = args.max_model_len - args.max_new_tokens
     rows = load_rows(args.train_data, "train", args.data_dir, args.template, tok, limit)
     eval_rows = load_rows(args.eval_data, "test", args.data_dir, args.template, tok, limit) \
@@ -206,22 +187,13 @@ def setup(args):
     steps = args.prompts_per_iter // args.prompts_per_update * args.epochs
     log(f"{args.cell}: {len(rows)} train prompts | {steps} updates/iter | {world} process(es) | "
         f"out {args.out_dir}")
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    model.config.use_cache = False
-    if args.lora_rank:   # only the adapters train: the optimizer holds their parameters alone
-        model = add_adapters(model, args)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=args.lr, weight_decay=args.weight_decay)
+    model = load_policy(args)   # float32; under --lora_rank only the adapters require a gradient
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                            weight_decay=args.weight_decay)
     model, opt = acc.prepare(model, opt)
     sampler = PromptSampler(rows, args.train_mix, args.seed)
     acc.register_for_checkpointing(sampler)           # its position goes into every checkpoint
-    ref_model = None   # --kl_coef's reference; under LoRA the policy with its adapters off
-    if args.kl_coef > 0 and args.lora_rank and not args.ref_model:
-        ref_model = acc.unwrap_model(model)                      # no second copy (as TRL)
-    elif args.kl_coef > 0:
-        ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model,
-                                                   dtype=torch.float32)
-        ref_model = acc.prepare_model(ref.eval().requires_grad_(False), evaluation_mode=True)
+    ref_model = load_reference(args, acc, model)      # --kl_coef's; None without it
     longest = max(len(r["prompt_ids"]) for r in rows + eval_rows)
     engine = make_engine(args.model, backend=args.backend, policy=model, seed=args.seed + rank,
                          max_model_len=args.max_model_len, dtype=args.vllm_dtype,
@@ -401,12 +373,10 @@ def reference_kl(args, ref_model, inputs, lp, mask, count):
 
 
 def learning_rate(args, step):
-    """--lr_schedule's lr at AdamW step `step` of the run (0-based; iters x P/M x epochs in all):
-    a linear warmup from 0 over --warmup_steps, then --lr, or a cosine or linear decay to
-    min_lr_ratio x lr at the run's end. The formulas of transformers' schedules with warmup, which
-    TRL and verl use (tests/test_update.py compares them). A step --target_kl skips still counts
-    (as SB3 and CleanRL anneal by the run's progress), and the lr is a function of the step
-    alone, so --resume continues the schedule exactly."""
+    """--lr_schedule's lr at AdamW step `step` (0-based) of the run: a linear warmup from 0, then
+    --lr, or a cosine or linear decay to min_lr_ratio x lr at the run's end (transformers'
+    schedules, as TRL and verl use them: tests/test_update.py). A function of the step alone, so
+    --resume continues it exactly; a step --target_kl skips still counts (as SB3 and CleanRL)."""
     if step < args.warmup_steps:
         return args.lr * step / args.warmup_steps
     if args.lr_schedule == "constant":
@@ -416,12 +386,6 @@ def learning_rate(args, step):
     decay = 0.5 * (1 + math.cos(math.pi * progress)) if args.lr_schedule == "cosine" \
         else 1 - progress
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * decay)
-
-
-def entropy_bonus(args, ent, mask, count):
-    """--entropy_coef: -coef x the policy's entropy per token, aggregated like the policy loss
-    (its gradient raises the entropy)."""
-    return -args.entropy_coef * gppo.aggregate(ent, mask.bool(), args.agg, count)
 
 
 def pass_inputs(args, run, s, idx):
@@ -443,8 +407,8 @@ def pass_loss(args, run, inputs, old_logp, adv, mask, count, detach):
                              args.entropy_coef > 0)   # entropy with its graph only when used
     extra = {} if detach is None else {"detach": detach}       # Clip-Cov's drawn tokens
     loss, st = policy_loss(args, lp, old_logp, adv, mask, count, **extra)
-    if args.entropy_coef > 0:
-        loss = loss + entropy_bonus(args, ent, mask, count)
+    if args.entropy_coef > 0:   # the bonus: coef x entropy per token, aggregated as the loss
+        loss = loss - args.entropy_coef * gppo.aggregate(ent, mask.bool(), args.agg, count)
     kl_ref = 0.0
     if run.ref_model is not None:
         penalty, kl_ref = reference_kl(args, run.ref_model, inputs, lp, mask, count)

@@ -1,0 +1,39 @@
+"""Loading what setup() trains and compares against: the tokenizer, the policy, the reference.
+
+1. The policy trains in float32 (the paper's AdamW states; vLLM samples in its own dtype,
+   rollout.py choice 4) with the KV cache off (every forward pass is a full sequence).
+2. Under --lora_rank only peft's adapters train (infra/lora.py); the caller's optimizer takes the
+   parameters that require a gradient.
+3. --kl_coef's reference: under LoRA without --ref_model, the policy itself with its adapters off
+   (no second copy, as TRL); otherwise --ref_model (default --model) loaded frozen.
+"""
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from infra.lora import add_adapters
+
+
+def load_tokenizer(model_dir):
+    """(tokenizer, pad id): the pad token, or EOS where there is none (Llama's tokenizers)."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if pad_id is None:
+        raise ValueError(f"--model={model_dir!r}: its tokenizer has neither a pad nor EOS token")
+    return tok, pad_id
+
+
+def load_policy(args):
+    """--model in float32, with fresh LoRA adapters under --lora_rank (choices 1, 2)."""
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model.config.use_cache = False
+    return add_adapters(model, args) if args.lora_rank else model
+
+
+def load_reference(args, acc, policy):
+    """--kl_coef's reference model, prepared by `acc` for evaluation; None when off (choice 3)."""
+    if args.kl_coef <= 0:
+        return None
+    if args.lora_rank and not args.ref_model:
+        return acc.unwrap_model(policy)
+    ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=torch.float32)
+    return acc.prepare_model(ref.eval().requires_grad_(False), evaluation_mode=True)
