@@ -122,6 +122,7 @@ def test_the_backward_pass_leaves_torch_s_generator_to_the_sampler(tiny, monkeyp
     assert torch.equal(seen[1], live), "the recompute rewound torch's generator"
 
 
+@pytest.mark.slow
 def test_the_options_of_mature_trainers_work_at_k_1(tiny, tmp_path):
     """LoRA, dynamic sampling, the KL guard and the reference KL in one run at K = 1."""
     out = tmp_path / "options"
