@@ -33,7 +33,7 @@ t - 1 - K. Those weights are gone, so mu is vLLM's recorded log-probs, used in o
 - decoupled, `--mu_source recompute --tis_cap C` (AReaL; Hilton et al. 2021): the region bounds pi
   against the proximal policy (the weights at the iteration's start, step 3), each token weighted
   by min(proximal / mu, C). (recompute alone ignores mu, as verl's default does.)
-The machinery (flags, multi-process bookkeeping, checkpoints, metrics) is in infra/: skip it.
+The machinery (flags, loading, several processes, checkpoints, metrics) is in infra/: skip it.
 """
 import argparse
 import math
