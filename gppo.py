@@ -184,21 +184,31 @@ def _lookup(table, key, kind):
     return table[key] if isinstance(table, dict) else key
 
 
+def _check_delta(delta):
+    """delta as a float: a number > 0 (not NaN: no token could ever be inside the region)."""
+    try:
+        value = math.nan if isinstance(delta, (str, bytes)) else float(delta)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not value > 0:
+        raise ValueError(f"delta must be a number > 0, got {delta!r}")
+    return value
+
+
 def check_config(divergence, estimator, delta=None, ratio_bounds=None, dual_clip=None,
                  agg="token-mean"):
-    """The region's settings checked, once, at parse time; returns delta, defaulted."""
+    """The region's settings checked (at parse time, and by gppo_loss at every call: a few
+    microseconds); returns delta, defaulted to default_delta(divergence)."""
     get_divergence(divergence), _lookup(ESTIMATORS, estimator, "estimator")
     _lookup(AGGS, agg, "agg")
-    delta = default_delta(divergence) if delta is None else delta
-    if not delta > 0:
-        raise ValueError(f"delta must be > 0, got {delta!r}")
+    delta = _check_delta(default_delta(divergence) if delta is None else delta)
     if ratio_bounds is not None and not (0 <= ratio_bounds[0] <= 1 <= ratio_bounds[1]
                                          and ratio_bounds[0] < ratio_bounds[1]):
         raise ValueError(f"ratio_bounds must be (low, high) with 0 <= low <= 1 <= high and "
                          f"low < high, got {ratio_bounds!r}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip!r}")
-    return float(delta)
+    return delta
 
 # -----------------------------------------------------------------------------
 # Shared by every loss: inputs made safe, aggregation, stats.
@@ -237,6 +247,7 @@ def aggregate(per_token, mask, agg="token-mean", global_count=None):
 def denominator(tokens, agg):
     """What `aggregate` divides by, from the valid tokens per sequence (B,): their sum for
     token-mean, the sequences holding any otherwise; over micro-batches and ranks: global_count."""
+    _lookup(AGGS, agg, "agg")
     return tokens.sum() if agg == "token-mean" else (tokens > 0).sum()
 
 
@@ -291,8 +302,9 @@ def _stats(valid, log_r, old, d=None, **clipped):
 def gppo_loss(logp, old_logp, advantages, mask, divergence, estimator, delta=None,
               ratio_bounds=(0.5, 10.0), dual_clip=10.0, agg="token-mean", global_count=None):
     """logp, old_logp, mask: (B, T); advantages: (B,) or (B, T). Returns (scalar loss, stats)."""
-    # the settings were checked once at parse time (check_config, infra/flags.py)
-    delta = float(default_delta(divergence) if delta is None else delta)
+    # refused here too, not only at parse time: gppo.py is imported on its own (a notebook, a
+    # student's loop), and delta <= 0 would silently clip every token
+    delta = check_config(divergence, estimator, delta, ratio_bounds, dual_clip, agg)
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()                                         # (B, T), with gradient
     with torch.no_grad():
@@ -428,8 +440,7 @@ def drpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=N
     1 - sign(A)(pi - mu)/delta (their Table 1), 1 at pi = mu, 0 on the region's boundary on the
     pushed side, negative (corrective) beyond it. clip_frac: tokens whose weight reached 0 (DPPO's
     clipped set). The authors' delta 12.5 is no region here (|pi - mu| <= 1): we use 0.1."""
-    if not delta > 0:
-        raise ValueError(f"delta must be > 0, got {delta!r}")
+    delta = _check_delta(delta)
     valid, lp, old, log_r, adv = _prepare(logp, old_logp, advantages, mask)
     r = log_r.exp()
     mu = old.exp()

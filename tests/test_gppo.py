@@ -620,6 +620,40 @@ def test_bad_divergence_names(name, says):
     assert names[:len(gppo.DIVERGENCES)] == list(gppo.DIVERGENCES) and "alpha:A" in names   # one too)
 
 
+BAD_CALLS = [(dict(delta=0.0), "0.0"), (dict(delta=-1.0), "-1.0"), (dict(delta=math.nan), "nan"),
+             (dict(delta="0.1"), "'0.1'"), (dict(divergence="renyi"), "renyi"),
+             (dict(estimator="topk"), "topk"), (dict(agg="sum"), "sum"),
+             (dict(ratio_bounds=(1.5, 10.0)), "1.5"), (dict(dual_clip=0.5), "0.5")]
+
+
+@pytest.mark.parametrize("kw,bad", BAD_CALLS)
+def test_gppo_loss_called_directly_refuses_nonsense(kw, bad):
+    """gppo_loss called on its own (a notebook, a student's loop: no train.py parse step) refuses
+    a setting outside its domain, naming the value and what is accepted; delta = 0 or -1 would
+    otherwise return a loss in which no token ever has a gradient."""
+    logp, old, adv, mask = batch(0)
+    args = dict(divergence="kl", estimator="atomic") | kw
+    with pytest.raises(ValueError, match=bad.replace(".", r"\.")) as e:
+        gppo.gppo_loss(logp.requires_grad_(), old, adv, mask, **args)
+    assert any(w in str(e.value) for w in ("> 0", "expected one of", "accepted", "must be"))
+
+
+@pytest.mark.parametrize("name", [*gppo.BASELINES])
+def test_baselines_and_helpers_refuse_an_unknown_aggregation(name):
+    """Every public function that takes an aggregation refuses one it does not know, naming it
+    and the accepted ones; drpo's delta is refused as gppo_loss's is."""
+    logp, old, adv, mask = batch(1)
+    with pytest.raises(ValueError, match="'sum'.*token-mean"):
+        gppo.BASELINES[name](logp, old, adv, mask, agg="sum")
+    for call in (lambda: gppo.aggregate(logp, mask, "sum"),
+                 lambda: gppo.denominator(mask.sum(-1), "sum")):
+        with pytest.raises(ValueError, match="'sum'.*token-mean"):
+            call()
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="delta must be a number > 0"):
+            gppo.drpo_loss(logp, old, adv, mask, delta=bad)
+
+
 def test_bad_names_elsewhere_raise():
     with pytest.raises(ValueError, match="renyi"):
         gppo.default_delta("renyi")
