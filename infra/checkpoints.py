@@ -1,8 +1,12 @@
 """Checkpoints, resume, the final policy, and a safe stop.
 
 1. A checkpoint is accelerate's save_state (model, optimizer, every rank's RNG, the prompt sampler)
-   written to iter_N.tmp and renamed once every rank's files exist: a crash never leaves a
-   half-written folder under a final name, and `checkpoints()` ignores '.tmp' folders.
+   written to iter_N.tmp and renamed once every rank's files and trainer_state.json exist: a kill
+   at any moment (SIGKILL included) never leaves a half-written folder under a final name, and
+   `checkpoints()` takes only `iter_<digits>` names. A folder is replaced or deleted by first
+   renaming it aside (`.old`), so no complete name ever holds a half-deleted folder either. A
+   write that fails (a full disk) removes its '.tmp', keeps the last checkpoint, and stops the
+   run naming the folder and the space a checkpoint takes.
 2. --resume restores the latest (or the given) complete checkpoint; flags that change the run must
    match the checkpoint's unless --resume_with_changes (infra/flags.py RUN_NEUTRAL; --iters too
    under a decaying --lr_schedule, whose length it sets). The lr schedule is a function of the
@@ -14,6 +18,7 @@
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 
@@ -40,10 +45,12 @@ def prepare_out_dir(args, is_main):
     """Make out_dir; under --overwrite, delete the earlier run's files first."""
     if args.overwrite and is_main and os.path.isdir(args.out_dir):
         for name in os.listdir(args.out_dir):
-            path = os.path.join(args.out_dir, name)
-            if name in RUN_FILES and os.path.isdir(path):
+            path, base = os.path.join(args.out_dir, name), re.sub(r"\.(tmp|old)$", "", name)
+            if base not in RUN_FILES and not base.startswith("eval_iter_"):
+                continue   # not the run's: a user's own file stays
+            if os.path.isdir(path):
                 shutil.rmtree(path)
-            elif name in RUN_FILES or name.startswith("eval_iter_"):
+            else:
                 os.remove(path)
     os.makedirs(args.out_dir, exist_ok=True)
 
@@ -56,17 +63,30 @@ def resume(args, acc, ckpt_dir):
     history = []
     if os.path.exists(metrics_path):
         with open(metrics_path) as f:
-            history = [r for r in map(json.loads, f) if r["iter"] <= start]
+            lines = f.read().splitlines()
+        for k, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if k == len(lines) - 1:   # a row cut short by a kill: past the checkpoint, redone
+                    break
+                raise ValueError(f"{metrics_path}, line {k + 1}: not a JSON row: {line[:80]!r}")
+            if row["iter"] <= start:
+                history.append(row)
     return path, start, history
 
 
 def checkpoints(ckpt_dir):
-    """Complete checkpoints, oldest first (a '.tmp' folder is an interrupted write: ignored)."""
+    """Complete checkpoints, oldest first: the iter_<digits> folders (an interrupted write is
+    iter_N.tmp, a folder being replaced or deleted iter_N.old: both ignored)."""
     if not os.path.isdir(ckpt_dir):
         return []
-    names = sorted(n for n in os.listdir(ckpt_dir) if n.startswith("iter_")
-                   and not n.endswith(".tmp"))
+    names = sorted(n for n in os.listdir(ckpt_dir) if re.fullmatch(r"iter_\d+", n))
     return [os.path.join(ckpt_dir, n) for n in names]
+
+
+def folder_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
 def _not_tied_weights_notice(record):
@@ -79,21 +99,45 @@ def _not_tied_weights_notice(record):
 def save_checkpoint(args, acc, ckpt_dir, it):
     logging.getLogger("accelerate.utils.other").addFilter(_not_tied_weights_notice)   # once
     path = os.path.join(ckpt_dir, f"iter_{it:06d}")
-    if acc.is_main_process:
-        shutil.rmtree(path + ".tmp", ignore_errors=True)
+    if acc.is_main_process and os.path.isdir(ckpt_dir):   # what killed runs left: not checkpoints
+        for name in os.listdir(ckpt_dir):
+            if re.fullmatch(r"iter_\d+\.(tmp|old)", name):
+                shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
     acc.wait_for_everyone()
-    acc.save_state(path + ".tmp")
-    acc.wait_for_everyone()                          # every rank's files (RNG state, shards) exist
+    try:
+        acc.save_state(path + ".tmp")
+        acc.wait_for_everyone()                      # every rank's files (RNG state, shards) exist
+        if acc.is_main_process:
+            with open(os.path.join(path + ".tmp", "trainer_state.json"), "w") as f:
+                json.dump({"iter": it, "args": {k: v for k, v in vars(args).items()
+                                                if k != "cell"}}, f)
+                f.flush()
+                os.fsync(f.fileno())
+    except Exception as e:   # ENOSPC / EFBIG: OSError, torch.save's RuntimeError, SafetensorError
+        raise CheckpointWriteError(ckpt_dir, path + ".tmp", e) from e
     if acc.is_main_process:
-        with open(os.path.join(path + ".tmp", "trainer_state.json"), "w") as f:
-            json.dump({"iter": it, "args": {k: v for k, v in vars(args).items() if k != "cell"}}, f)
-            f.flush()
-            os.fsync(f.fileno())
         # the commit point; a run resumed from an older checkpoint replaces the later ones it redoes
         _replace(path + ".tmp", path)
         for stale in checkpoints(ckpt_dir)[:-args.keep_last]:
-            shutil.rmtree(stale, ignore_errors=True)
+            _remove(stale)
     acc.wait_for_everyone()
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a file-size limit): its '.tmp' is removed,
+    and the message names the folder, the space free there and what a checkpoint takes."""
+
+    def __init__(self, ckpt_dir, tmp, error):
+        written = folder_bytes(tmp) if os.path.isdir(tmp) else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        done = checkpoints(ckpt_dir)
+        need = f"about {folder_bytes(done[-1]) / 2**20:.1f} MB (as {done[-1]})" if done else \
+            f"more than the {written / 2**20:.1f} MB written before the failure"
+        free = shutil.disk_usage(ckpt_dir).free / 2**20
+        last = f"the latest checkpoint is still {done[-1]}" if done else "no checkpoint was kept"
+        super().__init__(f"could not write a checkpoint in {ckpt_dir} ({error}): a checkpoint "
+                         f"needs {need}, {free:.1f} MB are free there; {last} (--resume "
+                         "continues from it once there is room)")
 
 
 def load_checkpoint(args, acc, ckpt_dir):
@@ -146,9 +190,21 @@ def save_policy(acc, model, tokenizer, path):
 
 
 def _replace(tmp, path):
-    """The finished folder `tmp` takes the place of `path` (an earlier one is removed)."""
-    shutil.rmtree(path, ignore_errors=True)
+    """The finished folder `tmp` takes the place of `path`: an earlier one is renamed aside first,
+    so a kill at any moment leaves either the old folder or the new one under the name, or
+    neither (then the checkpoint before it is the latest), never a half-deleted one."""
+    shutil.rmtree(path + ".old", ignore_errors=True)   # an earlier kill's leftover
+    if os.path.exists(path):
+        os.replace(path, path + ".old")
     os.replace(tmp, path)
+    shutil.rmtree(path + ".old", ignore_errors=True)
+
+
+def _remove(path):
+    """Delete a folder without ever leaving a part of it under its own name."""
+    shutil.rmtree(path + ".old", ignore_errors=True)
+    os.replace(path, path + ".old")
+    shutil.rmtree(path + ".old", ignore_errors=True)
 
 
 class StopRequest:

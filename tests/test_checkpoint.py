@@ -11,7 +11,11 @@ Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q   (~30 s on 2 cores)
 2. The lr schedule through train.py (--backend hf, 3 short iterations): a run resumed from its first
    checkpoint logs the straight run's rows, lr included; a resume that would change the schedule's
    length (--iters under a decaying schedule, --warmup_steps) is refused, naming the values.
-3. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
+3. Killed any way, nothing lost (tests/kill_at.py): a run SIGKILLed before, during, at the commit
+   of and after a checkpoint write, resumed each time, ends with an unbroken run's weights and
+   metrics rows; a checkpoint write that fails (a file-size limit) stops the run naming the
+   folder and the space needed, and the previous checkpoint stays the latest and usable.
+4. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
    save_state, so iter_N.tmp may be renamed only once every rank's files are in it (the barrier
    in save_checkpoint). (The same run's micro_batches check is in tests/test_distributed.py.)
 """
@@ -19,12 +23,14 @@ import copy
 import json
 import os
 import random
+import resource
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import PY, ROOT, metrics, ok, run
+from conftest import ENV, PY, ROOT, load_params, metrics, ok, run
 
 import train
 from infra.checkpoints import load_checkpoint, save_checkpoint
@@ -137,6 +143,83 @@ def test_resume_refuses_a_changed_schedule_length(tmp_path):
         load_checkpoint(again, None, str(tmp_path / "checkpoints"))
     assert "iters" in run_neutral({"lr_schedule": "constant"}) and "iters" in run_neutral({})
     assert "iters" not in run_neutral({"lr_schedule": "cosine"})
+
+
+KILLED = [*FLAGS, "--train_data", "tiny-math", "--group_size", "4", "--max_new_tokens", "16",
+          "--target_kl", "0", "--sample_every", "0", "--ckpt_every", "1", "--keep_last", "2"]
+
+
+def complete(out):
+    return [p.name for p in sorted((out / "checkpoints").iterdir()) if "." not in p.name
+            and (p / "trainer_state.json").is_file()]
+
+
+def same_rows(a, b):
+    assert [r["iter"] for r in a] == [r["iter"] for r in b]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            if not k.startswith("time_") and k != "tokens_per_s":
+                assert ra[k] == rb[k], f"iteration {ra['iter']} {k}: {ra[k]} vs {rb[k]}"
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_point_of_a_checkpoint_loses_nothing(tmp_path):
+    """One run SIGKILLed four times, at a different point of a checkpoint write each time, and
+    resumed with a plain --resume after each kill, ends with the unbroken run's final weights
+    (bitwise) and metrics rows (every key but the timers), at --async_lag 0. After each kill the
+    newest complete checkpoint is the one the point allows, and the next run resumes from it."""
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    cmd = [*KILLED, "--iters", "5"]
+    unbroken = subprocess.Popen([PY, "train.py", *cmd, "--out_dir", str(straight)], cwd=ROOT, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # (point, iteration killed at, complete checkpoints left, the iteration the next run resumes
+    # after): before: iteration 2's row written, its checkpoint not begun; during: iter_3.tmp
+    # written by save_state, no trainer_state.json; commit: iter_4.tmp complete, not renamed;
+    # after: iter_5 renamed, iter_3 not yet deleted
+    stages = [("before", 2, ["iter_000001"], None), ("during", 3, ["iter_000001", "iter_000002"], 1),
+              ("commit", 4, ["iter_000002", "iter_000003"], 2),
+              ("after", 5, ["iter_000003", "iter_000004", "iter_000005"], 3)]
+    for point, it, left, after in stages:
+        more = ["--resume"] if after is not None else []
+        proc, _ = run([PY, "tests/kill_at.py", point, str(it), *cmd, "--out_dir", str(broken),
+                       *more], timeout=300)
+        assert proc.returncode == -9, f"{point}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        if after is not None:
+            assert f"(after iteration {after})" in proc.stdout, proc.stdout[-2000:]
+        assert complete(broken) == left, (point, sorted(os.listdir(broken / "checkpoints")))
+        assert [r["iter"] for r in metrics(broken)][-1] == it, point   # the row died with it
+    proc = ok(run([PY, "train.py", *cmd, "--out_dir", str(broken), "--resume"], timeout=300)[0])
+    assert "(after iteration 5)" in proc.stdout
+    assert unbroken.wait(timeout=300) == 0, unbroken.stdout.read()[-3000:]
+    same_rows(metrics(straight), metrics(broken))
+    a, b = load_params(straight / "final"), load_params(broken / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ"
+    assert complete(broken) == ["iter_000003", "iter_000004", "iter_000005"]   # no save since
+
+
+def limit_file_size(size):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_last(tmp_path):
+    """A disk with no room for the next checkpoint, simulated by a 1 MB file-size limit (the tiny
+    model's weights alone are 2.7 MB): the run stops with an error naming the checkpoint folder,
+    the space free and what a checkpoint takes; iter_000001 stays the latest, no '.tmp' is left,
+    and a --resume with room continues from it."""
+    out = tmp_path / "run"
+    cmd = [PY, "train.py", *KILLED, "--out_dir", str(out)]
+    ok(run(cmd + ["--iters", "1"], timeout=300)[0])
+    proc, _ = run(cmd + ["--iters", "2", "--resume"], timeout=300,
+                  preexec_fn=limit_file_size(1 << 20))
+    assert proc.returncode != 0
+    said = proc.stderr.strip().splitlines()[-1]
+    assert f"could not write a checkpoint in {out / 'checkpoints'}" in said, proc.stderr[-3000:]
+    assert "a checkpoint needs about" in said and "MB are free there" in said, said
+    assert "the latest checkpoint is still" in said and "iter_000001" in said, said
+    assert sorted(os.listdir(out / "checkpoints")) == ["iter_000001"]
+    proc = ok(run(cmd + ["--iters", "2", "--resume"], timeout=300)[0])
+    assert "(after iteration 1)" in proc.stdout and [r["iter"] for r in metrics(out)] == [1, 2]
 
 
 def test_a_second_ctrl_c_aborts_saying_what_is_lost():
