@@ -140,16 +140,23 @@ def test_the_options_of_mature_trainers_work_at_k_1(tiny, tmp_path):
                          ids=["coupled", "decoupled"])
 @pytest.mark.slow
 def test_resume_at_k_1_trains_the_batches_of_the_unbroken_run(tiny, tmp_path, mu):
-    """The batches are the same, token for token; the update is the same to float32 noise. Not
+    """A run SIGKILLed while it writes a checkpoint, then resumed: the batches are the same as the
+    unbroken run's, token for token; the update is the same to float32 noise. Not
     bitwise: the first iterations after --resume differ from the unbroken run's in the last bits
     (1e-6 relative, measured) although both run on one thread each. Serialising the sampler
     (waiting for its batch before the update) makes them bitwise equal, so the difference comes
     from sampling and training overlapping in time, whose timing differs in a fresh process;
     two unbroken runs are bitwise equal."""
-    flags = [*MP, "--async_lag", "1", *mu]
-    for out, iters, more in (("straight", 4, []), ("broken", 2, []), ("broken", 4, ["--resume"])):
-        ok(run(train_cmd(tiny, tmp_path / out, *flags, "--iters", str(iters), *more,
-                         "--save_rollouts", str(tmp_path / f"{out}-rollouts")), timeout=300)[0])
+    flags = [*MP, "--async_lag", "1", *mu, "--iters", "4"]
+    for out, kill, more in (("straight", [], []), ("broken", ["during", "3"], ["--ckpt_every", "1"]),
+                            ("broken", [], ["--resume"])):
+        # the broken run is SIGKILLed in the middle of iteration 3's checkpoint (tests/kill_at.py):
+        # the resume starts from iteration 2's, with the batch then in flight
+        cmd = train_cmd(tiny, tmp_path / out, *flags, *more,
+                        "--save_rollouts", str(tmp_path / f"{out}-rollouts"))
+        proc = run([cmd[0], "tests/kill_at.py", *kill, *cmd[2:]] if kill else cmd, timeout=300)[0]
+        assert proc.returncode == -9 if kill else ok(proc)
+    assert "(after iteration 2)" in proc.stdout
     a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "broken")
     assert [r["iter"] for r in b] == [1, 2, 3, 4]
     for t in range(1, 5):    # the batches trained; batch 4 was sampled by the checkpoint's weights

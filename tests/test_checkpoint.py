@@ -33,7 +33,7 @@ import torch
 from conftest import ENV, PY, ROOT, load_params, metrics, ok, run
 
 import train
-from infra.checkpoints import load_checkpoint, save_checkpoint
+from infra.checkpoints import load_checkpoint, prepare_out_dir, resume, save_checkpoint
 from infra.flags import run_neutral
 
 MODEL = str(ROOT / "data" / "tiny" / "model")     # the committed tiny model and its data sets
@@ -92,6 +92,63 @@ def test_resume_restores_optimizer_sampler_and_rngs(tmp_path):
     resumed = draws(args_b, b, 3)
     for k in straight:
         assert resumed[k] == straight[k], f"{k}: the resumed run draws other values than the first"
+
+
+@pytest.mark.parametrize("earlier", [["metrics.jsonl"], ["checkpoints/iter_000003"],
+                                     ["metrics.jsonl", "checkpoints/iter_000003"]])
+def test_a_fresh_run_refuses_a_folder_holding_a_run(tmp_path, earlier):
+    """A folder holding an earlier run's metrics, or its checkpoints alone (a run killed before
+    its first row, or whose metrics were moved away), stops train.setup before anything loads,
+    naming what it holds and the ways on; nothing in it changes. A later --resume would
+    otherwise mix two runs."""
+    for name in earlier:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if "checkpoints" in name else path.write_text('{"iter": 1}\n')
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    args = train.parse_args([*FLAGS, "--out_dir", str(tmp_path)])
+    with pytest.raises(FileExistsError) as e:
+        train.setup(args)
+    says = str(e.value)
+    assert f"--out_dir {tmp_path} already holds a run" in says and "--resume" in says \
+        and "--overwrite" in says, says
+    assert all(name.split("/")[0] in says for name in earlier), says
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_overwrite_deletes_every_file_of_the_earlier_run_and_nothing_else(tmp_path):
+    """--overwrite: the earlier run's metrics, checkpoints, final policy, adapters, evaluations
+    (eval_iter_* included), plot and the leftovers of an interrupted write go; a file of the
+    user's stays."""
+    for name in ("metrics.jsonl", "eval.json", "eval_start.json", "eval_iter_000010.json",
+                 "eval_iter_000020.json", "dynamics.png", "metrics.jsonl.tmp", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    for name in ("checkpoints/iter_000020", "final", "adapter", "final.tmp"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "model.safetensors").write_text("x")
+    prepare_out_dir(train.parse_args([*FLAGS, "--out_dir", str(tmp_path), "--overwrite"]), True)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
+def test_resume_without_a_path_restores_the_newest_checkpoint(tmp_path):
+    """Checkpoints after iterations 1, 9 and 10, each after one more AdamW step, a '.tmp' of an
+    interrupted 11th: a plain --resume restores iteration 10's (its weights), and keeps the
+    metrics rows up to 10 (the 11th is redone)."""
+    args, a = start(tmp_path, "--keep_last", "5")
+    ckpt = os.path.join(args.out_dir, "checkpoints")
+    for it in (1, 9, 10):
+        step(args, a, it)
+        save_checkpoint(args, a.acc, ckpt, it)
+    saved = {k: v.clone() for k, v in a.acc.unwrap_model(a.model).state_dict().items()}
+    os.makedirs(os.path.join(ckpt, "iter_000011.tmp"))
+    with open(os.path.join(args.out_dir, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps({"iter": it}) + "\n" for it in range(1, 12))
+    args_b, b = start(tmp_path, "--resume")
+    path, it, history = resume(args_b, b.acc, ckpt)
+    assert (path, it) == (os.path.join(ckpt, "iter_000010"), 10)
+    assert [r["iter"] for r in history] == list(range(1, 11))
+    w = b.acc.unwrap_model(b.model).state_dict()
+    assert all(torch.equal(w[k], saved[k]) for k in saved), "not iteration 10's weights"
 
 
 SCHEDULE = ["--train_data", "tiny-math", "--group_size", "2", "--max_new_tokens", "16", "--iters", "3",

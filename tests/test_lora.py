@@ -17,6 +17,7 @@ from conftest import PY, ROOT, load_params, metrics, ok, run
 
 import train
 from infra.lora import add_adapters, policy_weights
+from infra.models import load_policy
 
 TIMERS = ("time_rollout_s", "time_reward_s", "time_logp_s", "time_update_s", "time_sync_s",
           "time_iter_s", "tokens_per_s")
@@ -113,3 +114,27 @@ def test_bad_lora_flags_are_refused_at_load_time(tiny, tmp_path):
     assert proc.returncode != 0 and "no linear layer named attn" in proc.stderr
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
     assert os.path.isdir(ROOT / "data" / "tiny" / "model")
+
+
+def adapted_layers(model):
+    """The names (their last part) of the linear layers that carry a LoRA adapter, and how many."""
+    names = [n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+             if isinstance(m, peft.tuners.lora.LoraLayer)]
+    return {n: names.count(n) for n in names}
+
+
+def test_lora_target_modules_choose_the_adapted_layers(tiny):
+    """The policy train.setup loads (infra/models.load_policy) carries adapters on exactly the
+    layers --lora_target_modules names, in every decoder layer, and only their adapters train;
+    the default 'all-linear' adapts every linear layer of attention and MLP, not the LM head."""
+    layers = AutoModelForCausalLM.from_pretrained(str(tiny / "model")).config.num_hidden_layers
+    for targets, want in [("q_proj,v_proj", {"q_proj", "v_proj"}), ("down_proj", {"down_proj"}),
+                          ("all-linear", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                          "up_proj", "down_proj"})]:
+        args = train.parse_args(["--model", str(tiny / "model"), "--lora_rank", "4",
+                                 "--lora_target_modules", targets])
+        model = load_policy(args)
+        assert adapted_layers(model) == {n: layers for n in want}, targets
+        trained = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters()
+                   if p.requires_grad}
+        assert trained == want, (targets, trained)

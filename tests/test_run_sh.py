@@ -118,6 +118,22 @@ def test_a_second_run_in_the_same_folder_stops_at_start_and_keeps_the_log(tmp_pa
     assert "iter 1/" not in text and "evaluating" not in text   # nothing ran
 
 
+def test_run_sh_stops_when_train_py_fails(tmp_path):
+    """train.py runs inside `| tee`: when it fails (here a flag it refuses), run.sh stops with
+    train.py's exit code and does not go on to compare whatever evaluations the folder holds (an
+    earlier run's, planted here: eval.py --compare would print them as this run's)."""
+    out = tmp_path / "kl-atomic-seed0"
+    out.mkdir()
+    for name, value in (("eval_start.json", 10.0), ("eval.json", 90.0)):
+        (out / name).write_text(json.dumps({"avg@8": {"all": value}}))
+    proc, _ = run(["bash", "run.sh", "kl", "atomic", "--out_dir", str(out), "--iters=many"],
+                  timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, (proc.returncode, text)
+    assert "--iters: invalid int value: 'many'" in text, text
+    assert "done in" not in text and "+80.0" not in text, text
+
+
 @pytest.mark.slow
 def test_run_sh_trains_a_divergence_with_a_parameter(tiny, tmp_path):
     """bash run.sh alpha:0.5 atomic: the README's parametric divergence, 2 iterations end to end;

@@ -401,13 +401,24 @@ def step_grad(opt):
     return torch.cat([p.grad.flatten() for g in opt.param_groups for p in g["params"]])
 
 
-def test_entropy_bonus_adds_the_gradient_of_minus_entropy(sampled):
+def aggregated_by_hand(per_token, mask, agg):
+    """--agg's definition over a whole batch (B, T): token-mean, or a mean over the sequences of
+    each one's token mean or token sum."""
+    if agg == "token-mean":
+        return (per_token * mask).sum() / mask.sum()
+    seq = (per_token * mask).sum(-1)
+    return (seq / mask.sum(-1) if agg == "seq-mean-token-mean" else seq).mean()
+
+
+@pytest.mark.parametrize("agg", gppo.AGGS)
+def test_entropy_bonus_adds_the_gradient_of_minus_entropy(sampled, agg):
     """--entropy_coef 1 in update(): one AdamW step on the whole batch (micro-batched 5 sequences a
-    pass), whose gradient less the --entropy_coef 0 one is the gradient of -coef x the token-mean
-    entropy of the batch, computed here by hand; the logged entropy is the same in both runs."""
+    pass), whose gradient less the --entropy_coef 0 one is the gradient of -coef x the entropy of
+    the batch aggregated as --agg says, computed here by hand; the logged entropy is the same in
+    both runs."""
     tok, state, batch, rewards = sampled
     flags = ["--prompts_per_update", str(P), "--target_kl", "0", "--grad_clip", "1e9",
-             "--micro_batch_size", "5"]
+             "--micro_batch_size", "5", "--agg", agg]
     got = {}
     logs = {}
     for coef in (0, 1):
@@ -419,7 +430,7 @@ def test_entropy_bonus_adds_the_gradient_of_minus_entropy(sampled):
     model, pad = tiny_model(state), tok.eos_token_id
     ids, attn, resp = infra.logprobs.collate(batch, list(range(P * G)), pad, "cpu")
     mask = resp[:, 1:].float()
-    (-1.0 * (entropy_by_hand(model, ids, attn) * mask).sum() / mask.sum()).backward()
+    (-1.0 * aggregated_by_hand(entropy_by_hand(model, ids, attn), mask, agg)).backward()
     want = flat_grad(model)
     diff = got[1] - got[0]
     print(f"\n|grad of -entropy| {want.norm():.4g}, |policy gradient| {got[0].norm():.4g}")
@@ -462,21 +473,23 @@ def test_learning_rate_is_transformers_schedule(name, warmup, floor):
     assert train.learning_rate(args, 19) == pytest.approx(args.lr * (0.2 + 0.8 * (1 - 19 / 20)))
 
 
-def test_lr_schedule_reaches_every_adamw_step(sampled):
-    """--lr_schedule cosine with warmup through update(): every AdamW step of iterations 1 and 2
-    runs at train.learning_rate of its place in the run, and the UpdateLog (the metrics row's lr)
-    holds the iteration's first step's lr, which changes from one iteration to the next."""
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_lr_schedule_reaches_every_adamw_step(sampled, epochs):
+    """--lr_schedule cosine with warmup through update(), 1 or 2 epochs: the AdamW steps of
+    iterations 1 and 2, in order, run at transformers' cosine schedule over the run's
+    iters x epochs x P/M steps (each epoch's steps further along it), and the UpdateLog (the
+    metrics row's lr) holds each iteration's first step's lr."""
     flags = ["--lr_schedule", "cosine", "--warmup_steps", "3", "--iters", "2", "--target_kl", "0",
-             "--lr", "1e-4"]
-    args, steps = update_args(*flags), P // 2
+             "--lr", "1e-4", "--epochs", str(epochs)]
+    steps = epochs * P // 2                             # AdamW steps per iteration
     seen, logged = [], []
     for it in (1, 2):
         log, _ = run_update(sampled, *flags, it=it,
                             hook=lambda opt, *a: seen.append(opt.param_groups[0]["lr"]))
         logged.append(log.lr)
-    want = [train.learning_rate(args, k) for k in range(2 * steps)]
-    assert seen == want and len(set(want)) == len(want) and want[0] == 0.0
-    assert logged == [want[0], want[steps]] and logged[0] != logged[1]
+    want = [1e-4 * x for x in peer_schedule("cosine", 3, 2 * steps, 0.0)]
+    assert seen == pytest.approx(want, rel=1e-9, abs=1e-15) and len(set(want)) == len(want)
+    assert logged == pytest.approx([want[0], want[steps]], abs=1e-15) and logged[0] != logged[1]
 
 
 # ----------------------------------------------------------------------------------------------
