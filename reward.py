@@ -21,12 +21,15 @@ Design choices:
    `Answer: ...` line, or a final-answer sentence anywhere in a line where math follows
    (Minerva's "Final Answer: The final answer is $X$. I hope it is correct."), so the sentence
    wins over an earlier intermediate \\boxed{}.
-3. math-verify's own timeout (signal.alarm) cannot stop sympy stuck in C (exponent towers), so
-   the worker running it is killed and replaced past a hard wall-clock limit; obvious towers and
-   huge exponents are rejected before sympy sees them.
+3. Limits are CPU time, not wall time, so a reward is a function of the completion and not of
+   the machine's load: a math item that needs more than its limit of the worker's CPU (sympy
+   stuck in C on an exponent tower) ends the worker (SIGXCPU), which is replaced; obvious towers
+   and huge exponents are rejected before sympy sees them. A wall-clock guard of 10x the limit
+   only stops what blocks without computing (infra/checkers.py choice 1).
 4. Every program runs in a fresh `python -I -S` inside bubblewrap: no network, no file system but
-   read-only system files and a private /tmp, an empty environment, rlimits, a wall-clock
-   timeout, the process tree killed after (without bwrap a weaker fallback, warned once).
+   read-only system files and a private /tmp, an empty environment, rlimits, a CPU-time limit
+   over all its processes (and the wall-clock guard), the process tree killed after (without
+   bwrap a weaker fallback, warned once; infra/sandbox.py choice 1).
 5. Expected outputs never enter the sandbox; pass/fail is decided outside by comparing outputs
    (never by exit code). Call-based problems run all their calls in one interpreter through a
    small harness that prints JSON results after a random marker.
@@ -85,11 +88,11 @@ from typing import Callable
 from infra import checkers, sandbox
 
 # --- configuration (defaults; timeouts can also be passed per call) ---
-MATH_TIMEOUT_S = 5.0       # hard wall-clock limit per math item; the worker is killed past it
+MATH_TIMEOUT_S = 5.0       # CPU seconds per math item; the worker is killed past it (choice 3)
 MATH_TAIL_CHARS = 4000     # only the tail of a completion is searched for the final answer
 MATH_MAX_ANSWER = 400      # longer extracted answers score 0 without reaching sympy
-RG_TIMEOUT_S = 5.0         # hard wall-clock limit per reasoning-gym item, as for math
-CODE_TIMEOUT_S = 5.0       # wall-clock limit per sandboxed interpreter run
+RG_TIMEOUT_S = 5.0         # CPU seconds per reasoning-gym item, as for math
+CODE_TIMEOUT_S = 5.0       # CPU seconds per sandboxed program, all its processes (choice 4)
 CODE_MAX_TESTS = 10        # tests run per problem (the first ones)
 CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
 
@@ -421,7 +424,7 @@ class Task:
                              # ValueError if malformed
     extract: Callable        # completion -> the answer `judge` gets (a str), or None (scores 0)
     judge: Callable          # (answer, gold, timeout) -> reward in [0, 1]
-    timeout: float = 5.0     # default limit per item (seconds), passed to judge
+    timeout: float = 5.0     # default limit per item (CPU seconds), passed to judge
     uses_pool: bool = False  # judge asks the checker workers (infra/checkers.py): start them first
 
 

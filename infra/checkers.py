@@ -1,27 +1,30 @@
 """
 The checker processes of reward.py: persistent workers that judge answers (math-verify,
-reasoning-gym), each killed and replaced when an item runs past its wall-clock limit.
+reasoning-gym), each killed and replaced when an item runs past its CPU-time limit.
 
     checkers.start(4)                              # reward.score does this for tasks that use them
-    checkers.verdict("math", gold, answer, 5.0)    # 1.0 or 0.0, within about 5 s
+    checkers.verdict("math", gold, answer, 5.0)    # 1.0 or 0.0, within 5 s of CPU time
     checkers.close()                               # also at exit; the next start makes new ones
 
 Choices:
-1. The caller keeps the time, not the checker: math-verify times out with signal.alarm, which only
-   works on a main thread and never fires while sympy is stuck in C (exponent towers), and a
-   reasoning-gym checker can hang too (sympy on "x**(9**9**9)"). Every reply is read with a
-   deadline; past it the worker is killed and a replacement takes its place in the pool.
+1. An item is judged by its CPU time, not the wall clock, so a verdict does not depend on what
+   else the machine is doing: the worker's RLIMIT_CPU is set to what it has used plus the item's
+   limit before each item, and SIGXCPU ends it past that (in C too: sympy stuck on an exponent
+   tower, a reasoning-gym checker on "x**(9**9**9)"). math-verify's own timeouts are off: they are
+   wall-clock alarms. The caller reads every reply with a wall-clock guard of
+   sandbox.WALL_GUARD x the limit, for a worker that blocks without computing; a worker that died
+   or passed the guard scores 0, is killed and a replacement takes its place in the pool.
 2. Workers start on first use and are reused; the first item of a kind loads its checker with no
    item limit (importing sympy or reasoning-gym takes seconds). They are closed at exit.
 3. One JSON line in, one line out, on private copies of stdin/stdout: a checker that prints or
    reads input (even from C) cannot corrupt the protocol.
-4. A worker has an address-space limit (MATH_WORKER_MEM), no core dumps and a CPU-time limit
-   per item, so one orphaned while stuck in C still ends (SIGXCPU). It runs in its own session:
-   Ctrl-C in the terminal is the trainer's.
+4. A worker has an address-space limit (MATH_WORKER_MEM) and no core dumps. It runs in its own
+   session: Ctrl-C in the terminal is the trainer's.
 """
 import atexit
 import functools
 import json
+import math
 import os
 import queue
 import resource
@@ -30,6 +33,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from infra.sandbox import WALL_GUARD
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 MATH_WORKER_MEM = 4 << 30  # address-space limit of a checker worker, math or rg (bytes)
@@ -43,13 +48,12 @@ def _checker(kind):
         from math_verify import LatexExtractionConfig, parse, verify
         config = [LatexExtractionConfig()]
 
-        def parse_boxed(s, t):
-            return parse("\\boxed{" + s + "}", config, parsing_timeout=t)
+        def parse_boxed(s):   # no timeout of math-verify's own: its alarms count wall time
+            return parse("\\boxed{" + s + "}", config, parsing_timeout=None)
         gold_cache = functools.lru_cache(4096)(parse_boxed)
 
         def judge(gold, answer, limit):
-            soft = max(1, int(limit) // 3)  # math-verify's own alarms (whole seconds) per stage
-            return verify(gold_cache(gold, soft), parse_boxed(answer, soft), timeout_seconds=soft)
+            return verify(gold_cache(gold), parse_boxed(answer), timeout_seconds=None)
         return judge
     import reasoning_gym  # kind == "rg" (reward.py choice 6)
     # one data set object per (name, config); seed and size do not matter to score_answer
@@ -85,9 +89,9 @@ def _worker_main():
                 print("error", repr(e)[:500].replace("\n", " "), file=out, flush=True)
             continue
         kind, gold, answer, limit = msg
-        # If this worker is ever orphaned while stuck in C, SIGXCPU still ends it.
+        # the item's CPU limit (choice 1): SIGXCPU ends the worker past it, even inside C
         used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-        resource.setrlimit(resource.RLIMIT_CPU, (int(used + limit) + 2, resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_CPU, (math.ceil(used + limit), resource.RLIM_INFINITY))
         try:
             ok = judges[kind](gold, answer, limit)
         except BaseException:  # math-verify's TimeoutException is one; checkers may raise
@@ -141,7 +145,8 @@ class _Worker:
                                    f"is {_INSTALL[kind]} installed? try: cd {_ROOT} && "
                                    f"{sys.executable} -m infra.checkers --worker")
             self.loaded.add(kind)
-        return self._readline(limit) if self._send([kind, gold, answer, limit]) else None
+        sent = self._send([kind, gold, answer, limit])
+        return self._readline(WALL_GUARD * limit) if sent else None
 
     def kill(self):
         self.proc.kill()

@@ -3,14 +3,19 @@ The code sandbox of reward.py: run a model-written Python program once, isolated
 its stdout.
 
     sandbox.check()                                 # once: a trivial program must work
-    out = sandbox.run(code, b"3\n", None, 5.0)      # stdout (bytes), or None on timeout / flood
+    out = sandbox.run(code, b"3\n", None, 5.0)      # stdout (bytes), or None past a limit / flood
     out = sandbox.run(code, calls_json, (mark, "f"), 5.0)   # call-based: f(*args) per call
 
 Choices:
 1. Every program runs in a fresh `python -I -S` inside bubblewrap: no network, read-only /usr
    and Python prefix, a private 16 MiB /tmp as working dir, nothing else of the file system, an
    empty environment; rlimits set by `prlimit` before exec (a preexec_fn is unsafe in the
-   multi-threaded trainer); stdout read up to a byte cap; wall-clock timeout; tree killed after.
+   multi-threaded trainer); stdout read up to a byte cap; tree killed after.
+   A program is judged by its CPU time, not the wall clock, so a reward does not depend on what
+   else the machine is doing: past `cpu_limit` seconds of CPU, summed over all its processes
+   (a fork bomb's too), it fails. A wall-clock guard of WALL_GUARD x cpu_limit stops programs that
+   block without computing (a sleep); load cannot reach it unless a program that computes gets
+   under 1/WALL_GUARD of a core. RLIMIT_CPU per process backs the sum up.
 2. The kernel skips RLIMIT_NPROC for root, also for root in a user namespace. So as root the
    outer bwrap unshares all but the user namespace, `setpriv` drops to an unused uid of its own
    per concurrent run, and an inner bwrap adds a user namespace with --disable-userns (else the
@@ -40,6 +45,10 @@ CODE_MAX_OUTPUT = 4 << 20  # stdout bytes read per run; more is a failure, never
 CODE_MEMORY = 1 << 30      # RLIMIT_AS per sandboxed process (bytes)
 CODE_NPROC = 8             # RLIMIT_NPROC (processes + threads) of a sandbox's uid
 CODE_FILE_SIZE = 16 << 20  # RLIMIT_FSIZE and the size of the sandbox's /tmp (bytes)
+WALL_GUARD = 10            # wall-clock guard, x the CPU limit (choice 1)
+CPU_POLL_S = 0.1           # how often a running program's CPU time is read (after its first 0.2 s)
+_TICK = os.sysconf("SC_CLK_TCK")
+_KILLED = {128 + signal.SIGXCPU, 128 + signal.SIGKILL, -signal.SIGXCPU, -signal.SIGKILL}
 # as root: sandboxes run as uids from here to ~3.17e9 (must be unused)
 SANDBOX_UID_BASE = 2_100_000_000
 BWRAP = shutil.which("bwrap")     # None selects the weaker fallback (tests flip it)
@@ -98,6 +107,35 @@ def _pids(uid):
     return pids
 
 
+def _tree_cpu(root):
+    """CPU seconds used so far by process `root` and all its descendants, live ones and those
+    already reaped (counted in their parents' cutime/cstime): one pass over /proc."""
+    parent, ticks = {}, {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()   # after the command name
+        except OSError:
+            continue
+        parent[int(p)] = int(fields[1])
+        ticks[int(p)] = sum(int(x) for x in fields[11:15])    # utime stime cutime cstime
+    children = {}
+    for p, pp in parent.items():
+        children.setdefault(pp, []).append(p)
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        total += ticks.get(p, 0)
+        todo += children.get(p, [])
+    return total / _TICK
+
+
+def _over_cpu(proc, cpu_limit, started):
+    return time.monotonic() - started > 0.2 and _tree_cpu(proc.pid) > cpu_limit
+
+
 @functools.lru_cache(None)
 def _view():
     """bwrap arguments for the file system a program sees: system, Python, /tmp."""
@@ -116,7 +154,7 @@ def _view():
                    "--size", str(CODE_FILE_SIZE), "--tmpfs", "/tmp", "--chdir", "/tmp"]
 
 
-def _sandbox_argv(d, uid, timeout):
+def _sandbox_argv(d, uid, cpu_limit):
     root, nproc = os.geteuid() == 0, CODE_NPROC
     if not root:  # RLIMIT_NPROC counts all tasks of the uid, the trainer's threads included
         for p in _pids(os.geteuid()):
@@ -124,7 +162,8 @@ def _sandbox_argv(d, uid, timeout):
                 nproc += len(os.listdir(f"/proc/{p}/task"))
             except OSError:
                 pass
-    argv = [_TOOLS["prlimit"], f"--as={CODE_MEMORY}", f"--cpu={math.ceil(timeout) + 1}",
+    cpu = math.ceil(cpu_limit) + 1   # per process, backing up the summed limit: SIGXCPU, KILL
+    argv = [_TOOLS["prlimit"], f"--as={CODE_MEMORY}", f"--cpu={cpu}:{cpu + 1}",
             f"--nproc={nproc}", f"--fsize={CODE_FILE_SIZE}", "--nofile=64", "--core=0", "--"]
     if BWRAP and root:
         return argv + [BWRAP, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
@@ -147,8 +186,9 @@ def _sandbox_argv(d, uid, timeout):
         [] if root else ["--map-root-user"]) + ["--"], os.path.join(d, "solution.py")
 
 
-def run(code, stdin, call, timeout):
-    """Run `code` once in a fresh sandbox; its stdout, or None on timeout or too much output.
+def run(code, stdin, call, cpu_limit):
+    """Run `code` once in a fresh sandbox; its stdout, or None past its CPU limit (`cpu_limit`
+    seconds over all its processes), its wall-clock guard or the output cap (choice 1).
     `call`: None (the program reads `stdin`), or (marker, function name): _HARNESS calls the
     function on each argument list of the JSON in `stdin` (choice 3)."""
     uid = _uids().get()
@@ -159,24 +199,32 @@ def run(code, stdin, call, timeout):
                     f.write(data)
                 os.chmod(f.name, 0o644)
             os.chmod(d, 0o755)  # the unprivileged sandbox uid must read the program
-            argv, prog = _sandbox_argv(d, uid, timeout)
+            argv, prog = _sandbox_argv(d, uid, cpu_limit)
             argv += [os.path.realpath(sys.executable), "-I", "-S"]
             argv += ["-c", _HARNESS, prog, *call] if call else [prog]
             with open(os.path.join(d, "stdin"), "rb") as fin:
                 proc = subprocess.Popen(argv, stdin=fin, stdout=subprocess.PIPE, cwd=d, env={},
                                         stderr=subprocess.DEVNULL, start_new_session=True)
-            out, deadline = bytearray(), time.monotonic() + timeout
+            out, started = bytearray(), time.monotonic()
+            guard = started + WALL_GUARD * cpu_limit
             try:
                 while True:  # bounded read: never communicate() with a program that prints forever
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                    left = guard - time.monotonic()
+                    if left <= 0 or _over_cpu(proc, cpu_limit, started):
                         return None
+                    if not select.select([proc.stdout], [], [], min(left, CPU_POLL_S))[0]:
+                        continue
                     chunk = os.read(proc.stdout.fileno(), 1 << 16)
                     if not chunk:  # EOF: every process holding stdout has ended or closed it
-                        return bytes(out)
+                        break
                     out += chunk
                     if len(out) > CODE_MAX_OUTPUT:
                         return None
+                while proc.poll() is None:   # its exit says whether a limit stopped it
+                    if time.monotonic() > guard or _over_cpu(proc, cpu_limit, started):
+                        return None
+                    time.sleep(0.01 if time.monotonic() - started < 0.2 else CPU_POLL_S)
+                return None if proc.returncode in _KILLED else bytes(out)
             finally:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)  # unreaped, so the group is still ours

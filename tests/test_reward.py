@@ -481,3 +481,20 @@ def test_concurrent_trainers_do_not_kill_each_others_sandboxes():
     got = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert got == ["16.0", "16.0"], f"correct programs scored {got} of 16 each"
+
+
+@pytest.mark.slow
+def test_rewards_do_not_depend_on_the_machines_load():
+    """bench/reward_under_load.py's batch at a 1 CPU-s limit: right, wrong and hostile programs
+    (a loop, a sleep, a fork bomb, 100 GB) and math answers get the same rewards on a quiet
+    machine and under 16 busy processes (each in its own session, as other jobs), the rewards
+    wanted, and the hostile ones end within bounded time (the 10 s wall-clock guard). The former
+    wall-clock limit of 1 s scored the 0.5 CPU-s right program and a right math answer 0 under
+    such load (measured on a 2-core EPYC)."""
+    from bench.reward_under_load import MATH, PROGRAMS, busy, score_batch
+    want = [r for *_, r in PROGRAMS] + [r for *_, r in MATH]
+    quiet, t_quiet = score_batch(1.0)
+    with busy(16):
+        loaded, t_loaded = score_batch(1.0)
+    assert quiet == want and loaded == want, (quiet, loaded)
+    assert t_quiet < 30 and t_loaded < 120, (t_quiet, t_loaded)
