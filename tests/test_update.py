@@ -201,7 +201,7 @@ def test_loss_kwargs_reach_the_loss_and_bad_ones_fail_at_parse_time():
     assert got.item() == want.item()
     for flags, says in [(["--method", "gspo", "--loss_kwargs", "eps=0.1"], "eps_low, eps_high"),
                         (["--loss_kwargs", "delta=0.1"], "--delta"),
-                        (["--method", "drpo", "--loss_kwargs", "delta=-1"], "delta must be > 0"),
+                        (["--method", "drpo", "--loss_kwargs", "delta=-1"], "delta must be a number > 0"),
                         (["--method", "sapo", "--loss_kwargs", "tau_pos=fast"], "not a Python literal")]:
         with pytest.raises(ValueError, match=says):
             train.parse_args(flags)
