@@ -114,7 +114,9 @@ def save_checkpoint(args, acc, ckpt_dir, it):
                 f.flush()
                 os.fsync(f.fileno())
     except Exception as e:   # ENOSPC / EFBIG: OSError, torch.save's RuntimeError, SafetensorError
-        raise CheckpointWriteError(ckpt_dir, path + ".tmp", e) from e
+        written = folder_bytes(path + ".tmp") if os.path.isdir(path + ".tmp") else 0
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+        raise CheckpointWriteError(ckpt_dir, written, e) from e
     if acc.is_main_process:
         # the commit point; a run resumed from an older checkpoint replaces the later ones it redoes
         _replace(path + ".tmp", path)
@@ -124,12 +126,10 @@ def save_checkpoint(args, acc, ckpt_dir, it):
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (a full disk, a file-size limit): its '.tmp' is removed,
-    and the message names the folder, the space free there and what a checkpoint takes."""
+    """A checkpoint could not be written (a full disk, a file-size limit; its '.tmp' removed): the
+    message names the folder, the space free there and what a checkpoint takes."""
 
-    def __init__(self, ckpt_dir, tmp, error):
-        written = folder_bytes(tmp) if os.path.isdir(tmp) else 0
-        shutil.rmtree(tmp, ignore_errors=True)
+    def __init__(self, ckpt_dir, written, error):
         done = checkpoints(ckpt_dir)
         need = f"about {folder_bytes(done[-1]) / 2**20:.1f} MB (as {done[-1]})" if done else \
             f"more than the {written / 2**20:.1f} MB written before the failure"
@@ -190,14 +190,12 @@ def save_policy(acc, model, tokenizer, path):
 
 
 def _replace(tmp, path):
-    """The finished folder `tmp` takes the place of `path`: an earlier one is renamed aside first,
-    so a kill at any moment leaves either the old folder or the new one under the name, or
-    neither (then the checkpoint before it is the latest), never a half-deleted one."""
-    shutil.rmtree(path + ".old", ignore_errors=True)   # an earlier kill's leftover
+    """The finished folder `tmp` takes the place of `path`: an earlier one is removed first by
+    `_remove`, so a kill at any moment leaves either the old folder or the new one under the
+    name, or neither (then the checkpoint before it is the latest), never a half-deleted one."""
     if os.path.exists(path):
-        os.replace(path, path + ".old")
+        _remove(path)
     os.replace(tmp, path)
-    shutil.rmtree(path + ".old", ignore_errors=True)
 
 
 def _remove(path):
