@@ -9,8 +9,9 @@ One iteration, in the order main() runs it (the loop's comments use the same num
 1. Sample `prompts_per_iter` x `group_size` completions at temperature 1 with vLLM (rollout.py),
    each rank its share of every mini-batch's prompts (whole groups).
 2. Score them with reward.py (binary 0/1), in a thread while step 3 runs.
-3. mu's log-probs (`old_logp`): recomputed once by the trainer before any update (the default:
-   the ratio is exactly 1 at the first step), or vLLM's own (`--mu_source vllm`).
+3. The log-probs of the proximal policy, which the region bounds pi against: the trainer's own
+   before any update (the default: the ratio is exactly 1 at the first step; at K = 0 the weights
+   that sampled), or mu's as vLLM recorded them (`--mu_source vllm`: mu is the proximal policy).
 4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), on every token.
 5. `epochs` passes in mini-batches of `prompts_per_update` prompts, one AdamW step each (the
    paper: 128/16 = 8 steps, 1 epoch), on gppo.py's loss over the *whole* mini-batch (all
@@ -33,9 +34,12 @@ t - 1 - K. Those weights are gone, so mu is vLLM's recorded log-probs, used in o
 - decoupled, `--mu_source recompute --tis_cap C` (AReaL; Hilton et al. 2021): the region bounds pi
   against the proximal policy (the weights at the iteration's start, step 3), each token weighted
   by min(proximal / mu, C). (recompute alone ignores mu, as verl's default does.)
-The machinery (flags, loading, several processes, checkpoints, metrics) is in infra/: skip it.
+The machinery (run flags, loading, several processes, checkpoints, metrics) is in infra/: it moves,
+stores, pads, gathers and logs, and decides nothing about what is trained, so it can be skipped.
 """
 import argparse
+import functools
+import inspect
 import math
 import os
 import random
@@ -45,12 +49,14 @@ from dataclasses import dataclass
 
 from infra import flags   # argparse alone: the flags are read before the heavy imports below
 
-# configuration: the algorithm's flags (LoRA's: what is trained); the run's: infra/flags.py
+# configuration: the algorithm's flags (LoRA's: what is trained) and their resolution; the run's
+# flags and every range check: infra/flags.py
 
 
 def parser():
-    """train.py's flags. Declaring them imports nothing heavy (infra/flags.py choice 4): the
-    names from gppo.py's tables are read when a value is checked or -h is asked for."""
+    """train.py's flags. Declaring them imports nothing heavy: the names from gppo.py's tables are
+    read only when a value is checked or -h is asked for (flags.Names), so a mistyped flag is
+    refused before the ~13 s of imports."""
     p = argparse.ArgumentParser(description="GPPO trainer", fromfile_prefix_chars="@",
                                 allow_abbrev=False,   # --iter is a typo, not --iters
                                 usage="python train.py [--flag value ...] [@preset.args] "
@@ -121,7 +127,59 @@ def parser():
 
 
 def parse_args(argv=None):
-    return flags.check(parser().parse_args(argv), gppo)   # gppo is imported below, before any call
+    """The flags, checked (infra/flags.py: every range), then the algorithm's resolved here."""
+    args = algorithm_settings(flags.check(parser().parse_args(argv)))
+    args.out_dir = args.out_dir or os.path.join("out", f"{args.cell}-seed{args.seed}")
+    return args
+
+
+def algorithm_settings(args):
+    """What the algorithm's flags mean, resolved once at parse time (gppo is imported below,
+    before any call): a bad value fails here, naming its flag, before anything loads."""
+    if args.method in gppo.METHODS:   # a known method is a cell (paper section 3.4)
+        args.objective, (args.divergence, args.estimator) = "gppo", gppo.METHODS[args.method]
+    elif args.method:                 # or a baseline
+        args.objective = args.method
+    grid = args.objective == "gppo"
+    loss = gppo.gppo_loss if grid else gppo.BASELINES[args.objective]
+    # unset --agg: the loss's own aggregation (token-mean for the grid, each baseline's authors')
+    args.agg = args.agg or inspect.signature(loss).parameters["agg"].default
+    if args.lora_alpha is None:   # LoRA's scale alpha / rank: 2 unless set
+        args.lora_alpha = 2.0 * args.lora_rank
+    args.ratio_bounds = None if args.ratio_bounds == "none" else \
+        tuple(float(x) for x in args.ratio_bounds.split(","))
+    args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
+    if grid:   # the region checked; delta defaulted once (mc's lower bound 0.8, 4.1) and kept
+        try:   # a name, or a family's name and parameter ("alpha:0.5")
+            gppo.get_divergence(args.divergence)
+        except ValueError as e:
+            raise ValueError(f"--divergence={args.divergence!r}: {e}") from None
+        args.delta = gppo.check_config(args.divergence, args.estimator, args.delta,
+                                       args.ratio_bounds, args.dual_clip, args.agg)
+    # --loss_kwargs: the loss's other keywords (not its tensors, nor what has a flag of its own)
+    own = {k: f"--{k}" for k in ("agg", *(("delta", "ratio_bounds", "dual_clip") if grid else ()))}
+    settable = [k for k in list(inspect.signature(loss).parameters)[4:] if k not in own and k not
+                in ("divergence", "estimator", "global_count", "detach")]
+    args.loss_kwargs = flags.keyword_values("loss_kwargs", args.loss_kwargs, loss.__name__,
+                                            settable, own)
+    try:   # the loss with these settings, once, on a tiny batch: a bad keyword value fails now
+        one = torch.zeros(1, 2)
+        chosen_loss(args)(one, one, torch.ones(1), torch.ones(1, 2, dtype=torch.bool))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--loss_kwargs={args.loss_kwargs!r} for {loss.__name__}: {e}") from None
+    args.cell = f"{args.divergence}-{args.estimator}" if grid else args.objective
+    return args
+
+
+def chosen_loss(args):
+    """gppo.py's loss named by --objective / --method with its flags bound: called as
+    loss(logp, proximal_logp, advantages, mask, global_count=..., [detach=...]) -> (loss, stats)."""
+    if args.objective == "gppo":
+        return functools.partial(gppo.gppo_loss, divergence=args.divergence,
+                                 estimator=args.estimator, delta=args.delta,
+                                 ratio_bounds=args.ratio_bounds, dual_clip=args.dual_clip,
+                                 agg=args.agg, **args.loss_kwargs)
+    return functools.partial(gppo.BASELINES[args.objective], agg=args.agg, **args.loss_kwargs)
 
 
 if __name__ == "__main__":   # a mistyped flag or -h is answered here, before the ~13 s of imports
@@ -139,13 +197,14 @@ from eval import evaluate
 from infra.checkpoints import (StopRequest, check_out_dir, prepare_out_dir, resume,
                                save_checkpoint, save_policy)
 from infra.clip_cov import clip_cov_selection
-from infra.distributed import agree_to_stop, gradient_sync, make_accelerator, micro_batches
+from infra.distributed import (agree_to_stop, gradient_sync, make_accelerator, pad_with_fillers,
+                               sum_over_ranks)
 from infra.logprobs import collate
 from infra.lora import adapters_off
 # token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
 #   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 from infra.logprobs import token_logprobs
-from infra.metrics import MetricsLog, Stopwatch, UpdateLog, add_sums, mismatch_sums
+from infra.metrics import MetricsLog, Stopwatch, UpdateLog
 from infra.models import load_policy, load_reference, load_tokenizer
 from infra.prefetch import Prefetch
 from infra.replay import replayed_rollouts, save_rollouts
@@ -166,7 +225,7 @@ class Run:
     ref_model: object = None    # --kl_coef's reference
     engine: object = None       # rollout engine (vLLM or hf)
     engine_version: int = 0     # the iteration after which the engine's weights were synced
-    rollouts: object = None     # infra/prefetch.Prefetch: each iteration's batch, K ahead
+    rollouts: object = None     # infra/prefetch.Prefetch: holds the batches sampled K ahead
     log: object = print         # print on the main process, nothing elsewhere
     sources: list = None        # the train data sets' names
 
@@ -205,8 +264,7 @@ def setup(args):
     run = Run(acc=acc, tok=tok, pad_id=pad_id, rows=rows, eval_rows=eval_rows, model=model,
               opt=opt, sampler=sampler, ref_model=ref_model, engine=engine, log=log,
               sources=sorted({r["source"] for r in rows}))
-    run.rollouts = Prefetch(lambda it: sample_groups(args, run, it), args.async_lag,
-                            Samples.restore, acc)
+    run.rollouts = Prefetch(args.async_lag, Samples.restore, acc)
     if args.async_lag:   # the batches sampled ahead go into every checkpoint
         acc.register_for_checkpointing(run.rollouts)
     return run
@@ -219,9 +277,9 @@ class Samples:
     batch: object           # rollout.RolloutBatch: ids, vLLM's log-probs, truncated, texts
     rows: list
     positions: list
-    old_logp: list = None   # mu's log-probs per completion token (step 3)
+    proximal_logp: list = None   # the proximal policy's log-probs per completion token (step 3)
     tis: list = None        # truncated-IS weight per completion token (1 without --tis_cap)
-    gap: list = None        # trainer vs vLLM log-probs: infra/metrics.mismatch_sums
+    start_logp: list = None  # the trainer's at the iteration's start, or None (the vLLM gap)
     rewards: torch.Tensor = None
     shaped: torch.Tensor = None
     advantages: torch.Tensor = None
@@ -269,8 +327,9 @@ def sample_groups(args, run, it):
     if args.replay_rollouts:
         batch = replayed_rollouts(args.replay_rollouts, it, positions, args.group_size)
     else:
+        # the paper's sampling: temperature 1 (top-p 1, top-k off: the policy's own distribution)
         batch = run.engine.generate([r["prompt_ids"] for r in rows], n=args.group_size,
-                                    max_tokens=args.max_new_tokens,
+                                    max_tokens=args.max_new_tokens, temperature=1.0,
                                     seed=derived_seed(args, "sampling", it, rank))
     if args.save_rollouts:
         save_rollouts(args.save_rollouts, it, rank, batch, positions)
@@ -287,31 +346,31 @@ def score_in_background(args, scorer, s):
     return scorer.submit(reward.score_rows, s.batch.texts, rows)
 
 
-# 3. mu -------------------------------------------------------------------------------------------
+# 3. the proximal policy -------------------------------------------------------------------------
 
-def behaviour_logprobs(args, model, batch, pad_id, device):
-    """mu's log-probs per sample, (len_i,) each: the trainer's under the weights that sampled
-    (recompute), or vLLM's own (no forward pass). Also the truncated-IS weights and the trainer
-    vs vLLM log-prob sums (infra/metrics.mismatch_sums; under vllm mu, update() takes them)."""
+def proximal_logprobs(args, model, batch, pad_id, device):
+    """Per sample, (len_i,) each: the proximal policy's log-probs (which the region bounds pi
+    against), the TIS weights, and the trainer's log-probs at the iteration's start (the gap
+    metric's). recompute: the trainer's, before any update; under --tis_cap C each token weighs
+    min(proximal / mu_vllm, C), as the samples came from vLLM's mu (Yao et al., 2025). vllm: mu
+    as vLLM recorded it (coupled: mu is the proximal policy), no forward pass, weight 1; update()
+    fills the start log-probs (None until then)."""
     n = len(batch.texts)
-    if args.mu_source == "vllm":   # no TIS (refused with it): weight 1 on every token
-        old_logp = [torch.tensor(lp) for lp in batch.logprobs]
-        return old_logp, [torch.ones_like(o) for o in old_logp], []
-    old_logp, tis, gap = [None] * n, [None] * n, []
+    if args.mu_source == "vllm":
+        mu = [torch.tensor(lp) for lp in batch.logprobs]
+        return mu, [torch.ones_like(m) for m in mu], [None] * n
+    proximal, tis = [None] * n, [None] * n
     with torch.no_grad():
         for s in range(0, n, args.micro_batch_size):
             idx = list(range(s, min(s + args.micro_batch_size, n)))
             ids, attn, resp, vllm_logp = collate(batch, idx, pad_id, device, (batch.logprobs,))
             lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
             m = resp[:, 1:].bool()
-            gap = add_sums(gap, mismatch_sums(lp, vllm_logp, m))
-            # truncated IS: the samples came from vLLM's mu, not from the trainer's pi_old;
-            # weight each token by min(pi_old / mu_vllm, cap) (Yao et al., 2025)
             w = (lp - vllm_logp).exp().clamp(max=args.tis_cap) if args.tis_cap \
                 else torch.ones_like(lp)
             for j, i in enumerate(idx):
-                old_logp[i], tis[i] = lp[j][m[j]].cpu(), w[j][m[j]].cpu()
-    return old_logp, tis, gap
+                proximal[i], tis[i] = lp[j][m[j]].cpu(), w[j][m[j]].cpu()
+    return proximal, tis, proximal
 
 
 # 4. advantages -----------------------------------------------------------------------------------
@@ -350,17 +409,6 @@ def minibatch_order(args, it, epoch, n):
     return random.Random(derived_seed(args, "epoch_order", it, epoch)).sample(range(n), n)
 
 
-def policy_loss(args, lp, old_logp, adv, mask, count, **extra):
-    """The chosen objective of gppo.py with its flags and --loss_kwargs."""
-    if args.objective == "gppo":
-        return gppo.gppo_loss(lp, old_logp, adv, mask, args.divergence, args.estimator,
-                              delta=args.delta, ratio_bounds=args.ratio_bounds,
-                              dual_clip=args.dual_clip, agg=args.agg, global_count=count,
-                              **args.loss_kwargs)
-    return gppo.BASELINES[args.objective](lp, old_logp, adv, mask, agg=args.agg,
-                                          global_count=count, **args.loss_kwargs, **extra)
-
-
 def reference_kl(args, ref_model, inputs, lp, mask, count):
     """--kl_coef: the k3 estimate of KL(pi || ref) per token, aggregated like the policy loss;
     returns (the penalty to add to the loss, the summed KL over the tokens for the log)."""
@@ -388,32 +436,35 @@ def learning_rate(args, step):
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * decay)
 
 
-def pass_inputs(args, run, s, idx):
-    """One micro-batch's tensors: (ids, attention, response mask), mu's log-probs, the loss mask
-    and the advantages (per token under --tis_cap: truncated IS weights A). idx None is a filler
-    pass (infra/distributed.py): it runs on sample 0 with a zero mask, so it weighs nothing."""
-    rows = idx or [0]
-    ids, attn, resp, old_logp, tis = collate(s.batch, rows, run.pad_id, run.acc.device,
-                                             (s.old_logp, s.tis))
+def pass_tensors(run, s, idx):
+    """One pass's ids, attention, response mask, proximal log-probs, TIS weights, advantages and
+    loss mask. idx None is a filler pass (pad_with_fillers): sample 0 with a zero mask, weighing
+    nothing."""
+    rows = idx if idx is not None else [0]
+    ids, attn, resp, proximal, tis = collate(s.batch, rows, run.pad_id, run.acc.device,
+                                             (s.proximal_logp, s.tis))
     mask = resp[:, 1:].float() * (idx is not None)
-    adv = s.advantages[rows].to(run.acc.device)
-    return (ids, attn, resp), old_logp, mask, adv[:, None] * tis if args.tis_cap else adv
+    return ids, attn, resp, proximal, tis, s.advantages[rows].to(run.acc.device), mask
 
 
-def pass_loss(args, run, inputs, old_logp, adv, mask, count, detach):
-    """The loss of one pass: the objective, plus --entropy_coef's bonus and --kl_coef's penalty.
-    Returns (loss, the objective's stats, log-probs, entropy, summed reference KL)."""
-    lp, ent = token_logprobs(run.model, *inputs, args.logp_chunk_mb, args.head_precision,
+def pass_loss(args, run, s, idx, count, detach):
+    """The loss of one pass over samples idx: the objective, --tis_cap's weights, --entropy_coef's
+    bonus and --kl_coef's penalty, each over the mini-batch's denominator `count`. Returns (loss,
+    the objective's stats, log-probs, entropy, loss mask, summed reference KL)."""
+    ids, attn, resp, proximal, tis, adv, mask = pass_tensors(run, s, idx)
+    lp, ent = token_logprobs(run.model, ids, attn, resp, args.logp_chunk_mb, args.head_precision,
                              args.entropy_coef > 0)   # entropy with its graph only when used
+    if args.tis_cap:   # truncated IS: each token's advantage times min(proximal / mu, C)
+        adv = adv[:, None] * tis
     extra = {} if detach is None else {"detach": detach}       # Clip-Cov's drawn tokens
-    loss, st = policy_loss(args, lp, old_logp, adv, mask, count, **extra)
+    loss, st = chosen_loss(args)(lp, proximal, adv, mask, global_count=count, **extra)
     if args.entropy_coef > 0:   # the bonus: coef x entropy per token, aggregated as the loss
         loss = loss - args.entropy_coef * gppo.aggregate(ent, mask.bool(), args.agg, count)
     kl_ref = 0.0
     if run.ref_model is not None:
-        penalty, kl_ref = reference_kl(args, run.ref_model, inputs, lp, mask, count)
+        penalty, kl_ref = reference_kl(args, run.ref_model, (ids, attn, resp), lp, mask, count)
         loss = loss + penalty
-    return loss, st, lp, ent, kl_ref
+    return loss, st, lp, ent, mask, kl_ref
 
 
 def minibatch_kl(acc, kl_sum, tokens):
@@ -425,14 +476,20 @@ def minibatch_kl(acc, kl_sum, tokens):
 
 def minibatch_passes(args, run, s, positions):
     """This rank's kept samples of the mini-batch of prompt `positions`, in micro-batch passes
-    (None: a filler pass), and the loss denominator of the whole mini-batch over every rank, by
-    gppo.denominator's rule (0: every sample was dropped, on every rank)."""
+    (None: a filler pass), and the loss denominator each pass divides by."""
     acc, G = run.acc, args.group_size
     where = {pos: k for k, pos in enumerate(s.positions)}     # prompt position -> local index
     mine = [where[p] for p in rank_share(positions, acc.process_index, acc.num_processes)]
     chosen = [q * G + j for q in mine for j in range(G) if s.keep[q * G + j]]
+    size = args.micro_batch_size
+    passes = pad_with_fillers(acc, [chosen[k:k + size] for k in range(0, len(chosen), size)])
+    # The denominator is the whole mini-batch's over every pass and rank, by gppo.denominator's
+    # rule (its tokens under token-mean, its sequences otherwise): the passes' summed gradients are
+    # the whole mini-batch's. DDP and FSDP average the ranks' gradients, so each rank divides by
+    # count / world. 0: every sample of the mini-batch was dropped, on every rank.
     tokens = torch.tensor([len(s.batch.completion_ids[i]) for i in chosen], dtype=torch.long)
-    return micro_batches(args.micro_batch_size, acc, chosen, gppo.denominator(tokens, args.agg))
+    count = sum_over_ranks(acc, gppo.denominator(tokens, args.agg))
+    return passes, count / acc.num_processes
 
 
 def update(args, run, samples, batches, it):
@@ -440,26 +497,29 @@ def update(args, run, samples, batches, it):
     acc, s, n = run.acc, samples, len(batches)
     first = (it - 1) * args.epochs * n                         # the iteration's first step
     log = UpdateLog(gppo.STATS, gppo.MU_BUCKETS, lr=learning_rate(args, first))
+    stepped = False                                            # any AdamW step taken yet
     for epoch in range(args.epochs):
         for k, u in enumerate(minibatch_order(args, it, epoch, n)):
             passes, count = minibatch_passes(args, run, s, batches[u])
             if count == 0:          # every sample of this mini-batch dropped, on every rank
                 continue
-            count /= acc.num_processes   # DDP averages gradients over ranks: the whole mean
             detach = [None] * len(passes) if args.objective != "clip_cov" else clip_cov_selection(
-                args, run, s, passes, derived_seed(args, "clip_cov", it, u), gppo)
+                args, acc, run.model, functools.partial(pass_tensors, run, s), passes,
+                derived_seed(args, "clip_cov", it, u), gppo)
             kl = [0.0, 0.0]                                      # k3 KL sum, tokens
             for c, idx in enumerate(passes):
-                inputs, old_logp, mask, adv = pass_inputs(args, run, s, idx)
                 with gradient_sync(acc, run.model, last=c == len(passes) - 1):
-                    loss, st, lp, ent, kl_ref = pass_loss(args, run, inputs, old_logp, adv, mask,
-                                                          count, detach[c])
+                    loss, st, lp, ent, mask, kl_ref = pass_loss(args, run, s, idx, count, detach[c])
                     acc.backward(loss)
-                if idx is not None:
-                    w = mask.sum().item()
-                    kl = [kl[0] + st["kl_k3"] * w, kl[1] + w]
-                    log.add(st, lp.detach(), old_logp, ent.detach(), mask, kl_ref,
-                            measure_gap=args.mu_source == "vllm")
+                if idx is None:     # a filler: nothing to log
+                    continue
+                w = mask.sum().item()
+                kl = [kl[0] + st["kl_k3"] * w, kl[1] + w]
+                log.add(st, ent.detach(), mask, kl_ref)
+                if not stepped and s.start_logp[idx[0]] is None:   # vllm mu: no forward pass
+                    m = mask.bool()  # before any step, so lp is the start weights' (the gap metric)
+                    for j, i in enumerate(idx):
+                        s.start_logp[i] = lp[j][m[j]].detach().cpu()
             log.kls.append(minibatch_kl(acc, *kl))    # before this mini-batch's step
             if args.target_kl and log.kls[-1] > args.target_kl:   # drifted too far: skip the rest
                 run.opt.zero_grad(set_to_none=True)
@@ -469,6 +529,7 @@ def update(args, run, samples, batches, it):
                 group["lr"] = learning_rate(args, first + epoch * n + k)
             run.opt.step()
             run.opt.zero_grad(set_to_none=True)
+            stepped = True
     return log
 
 
@@ -492,13 +553,14 @@ def main(argv=None):
     if args.eval_before and run.eval_rows and start == 0:
         evaluate(args, run, "eval_start.json")
 
+    sample = functools.partial(sample_groups, args, run)   # sample(it): iteration it's groups
     for it in range(start + 1, args.iters + 1):
         clock, batches = Stopwatch(), minibatches(args, it)
-        s = run.rollouts.take(it)                                                    # 1. sample
+        s = run.rollouts.take(it, sample)                   # 1. sample(it) (--async_lag: K ahead)
         clock.lap("rollout")
         scoring = score_in_background(args, scorer, s)                               # 2. score
-        s.old_logp, s.tis, s.gap = behaviour_logprobs(args, run.model, s.batch,      # 3. mu
-                                                      run.pad_id, acc.device)
+        s.proximal_logp, s.tis, s.start_logp = proximal_logprobs(                    # 3. proximal
+            args, run.model, s.batch, run.pad_id, acc.device)
         clock.lap("logp")
         s.rewards = torch.tensor(scoring.result())
         s.shaped, s.advantages, s.keep = advantages(args, s.rewards, s.batch)       # 4. adv.

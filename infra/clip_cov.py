@@ -13,25 +13,22 @@ import inspect
 
 import torch
 
-from infra.logprobs import collate, token_logprobs
+from infra.logprobs import token_logprobs
 
 
-def clip_cov_selection(args, run, samples, passes, seed, gppo):
-    """The tokens Clip-Cov detaches: a (B, T-1) bool per pass of update()'s mini-batch. `gppo`:
+def clip_cov_selection(args, acc, model, tensors, passes, seed, gppo):
+    """The tokens Clip-Cov detaches: a (B, T-1) bool per pass of update()'s mini-batch.
+    tensors(idx): the pass's tensors (train.pass_tensors, which lays out a filler pass); `gppo`:
     the gppo module (its clip_cov_loss, clip_cov_candidates, clip_cov_draw)."""
-    acc = run.acc
     defaults = {k: p.default for k, p in inspect.signature(gppo.clip_cov_loss).parameters.items()}
     kw = {k: args.loss_kwargs.get(k, defaults[k]) for k in ("eps", "cov_low", "cov_high",
                                                              "clip_ratio")}
     parts = []                                     # per pass: log-prob, mu, advantage, valid
     with torch.no_grad():
         for idx in passes:                         # as many forwards as training: collectives pair
-            ids, attn, resp, old_logp = collate(samples.batch, idx or [0], run.pad_id, acc.device,
-                                                (samples.old_logp,))
-            lp, _ = token_logprobs(run.model, ids, attn, resp, args.logp_chunk_mb,
-                                   args.head_precision)
-            a = samples.advantages[idx or [0]].to(lp.device)[:, None].expand_as(lp)
-            parts.append((lp, old_logp, a, resp[:, 1:].bool() & (idx is not None)))
+            ids, attn, resp, old_logp, _, adv, mask = tensors(idx)
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
+            parts.append((lp, old_logp, adv[:, None].expand_as(lp), mask.bool()))
     tot = sum(torch.stack([torch.where(m, lp, 0).sum(), torch.where(m, a, 0).sum(),
                            m.sum()]).double() for lp, _, a, m in parts)
     s_lp, s_a, n = acc.reduce(tot, "sum").tolist()

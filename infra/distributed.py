@@ -1,8 +1,8 @@
-"""Multi-process bookkeeping (DDP, FSDP2) that keeps the update exact whatever the process count.
+"""Multi-process bookkeeping (DDP, FSDP2): padding, sums and stops over ranks, FSDP on the CPU.
 
-1. Every rank runs the same number of forward/backward passes (`micro_batches` pads with zero-weight
-   filler passes), so DDP/FSDP's collectives always pair up, and the loss denominator is the whole
-   mini-batch's over all ranks, so micro-batching and the process count never change the update.
+1. Every rank runs the same number of forward/backward passes (`pad_with_fillers` pads with
+   zero-weight filler passes), so DDP/FSDP's collectives always pair up; `sum_over_ranks` adds up
+   what train.py's loss denominator counts on each rank.
 2. DDP all-reduces gradients only at a step's last pass; FSDP at every pass (`gradient_sync`).
 3. `fsdp_on_the_cpu`: an FSDP launch config really shards on the CPU (accelerate 1.16 would run
    it as plain data parallel).
@@ -66,15 +66,17 @@ def full_tensor(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def micro_batches(size, acc, samples, local_count):
-    """This rank's samples of one mini-batch in micro-batches of `size`, padded with None (a
-    zero-weight filler pass) up to the most micro-batches any rank has, and the loss denominator
-    of the whole mini-batch: every rank's `local_count` summed (train.py takes the rule from
-    gppo.denominator). One collective."""
-    chunks = [samples[s:s + size] for s in range(0, len(samples), size)]
-    sizes = acc.gather(torch.tensor([[float(local_count), float(len(chunks))]], device=acc.device))
-    n_passes = int(sizes[:, 1].max().item())
-    return chunks + [None] * (n_passes - len(chunks)), sizes[:, 0].sum().item()
+def pad_with_fillers(acc, passes):
+    """This rank's passes (lists of sample indices) padded with None, a filler pass, up to the
+    most passes any rank has: every rank then runs as many forward/backward passes, so DDP's and
+    FSDP's collectives pair up (train.pass_tensors runs a filler on one sample with weight 0)."""
+    most = acc.gather(torch.tensor([len(passes)], device=acc.device)).max().item()
+    return passes + [None] * (most - len(passes))
+
+
+def sum_over_ranks(acc, x):
+    """A number summed over every rank (float64)."""
+    return acc.reduce(torch.tensor(float(x), dtype=torch.float64, device=acc.device), "sum").item()
 
 
 def gradient_sync(acc, model, last):

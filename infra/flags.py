@@ -1,24 +1,18 @@
-"""The run's flags (where files go, memory and chunk sizes, checkpoints, logging) and the checks of
-every flag, the algorithm's included. train.py declares the algorithm's flags; this module adds the
-rest and checks them all at parse time, before anything is loaded.
+"""The run's flags (where files go, memory and chunk sizes, checkpoints, logging) and the range
+checks of every flag. train.py declares the algorithm's flags and resolves what they mean (the
+method's cell, the aggregation, delta, the bounds, --loss_kwargs); this module adds the rest and
+checks every value's range at parse time, before anything is loaded.
 
 1. Every bad value fails here with the value and what is accepted (`bad`), not mid-run.
 2. `RUN_NEUTRAL`: the flags that do not change what a run computes, so --resume may continue with
    other values of them (every other flag must match the checkpoint's).
-3. `loss_settings`: --agg defaults to the chosen loss's own aggregation (a baseline trains as its
-   authors define it); --loss_kwargs is checked against the loss's signature and tried once.
-4. Declaring the flags imports nothing heavy: the names a flag accepts from gppo.py's tables are
-   read only when argparse needs them (`Names`), and `check` is handed gppo (which imports torch,
-   ~1.5 s) by train.py's parse_args, so train.py refuses a mistyped flag in a fraction of a
-   second, before its imports.
-5. The algorithm's names are the caller's: train.py names the tables (`Names("gppo.METHODS")`,
-   the probes' table) and hands `check` the gppo module, so this module imports neither gppo.py
-   nor data/.
+3. Declaring the flags imports nothing heavy: the names a flag accepts from gppo.py's tables are
+   read only when argparse needs them (`Names`), so train.py refuses a mistyped flag in a fraction
+   of a second, before its imports. The tables are named by the caller ("gppo.METHODS"): this
+   module imports neither gppo.py nor data/.
 """
 import ast
 import importlib
-import inspect
-import os
 import re
 
 # Flags that do not change what a run computes: --resume may continue with other values. --iters
@@ -44,7 +38,7 @@ def adamw_steps(args):
 
 class Names:
     """argparse `choices` read from tables ("gppo.ESTIMATORS": a module's dict or tuple) only when
-    argparse needs them, to check a value or print -h (choice 4). Give the flag a `metavar`:
+    argparse needs them, to check a value or print -h. Give the flag a `metavar`:
     argparse formats the choices of a flag without one as soon as it is declared."""
 
     def __init__(self, *tables, extra=()):
@@ -123,13 +117,8 @@ def bad(args, flag, accepted):
     raise ValueError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
 
 
-def check(args, gppo):
-    """Every flag checked and the derived values set (cell, out_dir, agg, loss_kwargs). gppo:
-    the gppo module, whose tables and checks name the methods, divergences and losses."""
-    if args.method in gppo.METHODS:   # one name per thing: run.sh and the sweep map names here
-        args.objective, (args.divergence, args.estimator) = "gppo", gppo.METHODS[args.method]
-    elif args.method:
-        args.objective = args.method
+def check(args):
+    """Every flag's range checked (the algorithm's meaning is train.algorithm_settings')."""
     for flag in ("prompts_per_iter", "prompts_per_update", "max_new_tokens", "iters", "epochs",
                  "micro_batch_size", "keep_last", "overlong_buffer", "sync_bucket_mb"):
         if getattr(args, flag) < 1:
@@ -170,8 +159,6 @@ def check(args, gppo):
         bad(args, "lora_rank", "0 (off) or a positive rank")
     if not 0 <= args.lora_dropout < 1:
         bad(args, "lora_dropout", "a probability in [0, 1)")
-    if args.lora_alpha is None:
-        args.lora_alpha = 2.0 * args.lora_rank
     if args.async_lag < 0:
         bad(args, "async_lag", "an integer >= 0 (0: sample with the newest weights)")
     if args.async_lag:   # what cannot sample ahead (infra/prefetch.py)
@@ -183,54 +170,22 @@ def check(args, gppo):
                 bad(args, flag, f"{why} with --async_lag {args.async_lag}")
     if args.resume and args.overwrite:
         bad(args, "overwrite", "unset with --resume (one continues the run, the other deletes it)")
-    args.ratio_bounds = None if args.ratio_bounds == "none" else \
-        tuple(float(x) for x in args.ratio_bounds.split(","))
-    args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
-    if args.objective == "gppo":   # a name, or a family's name and parameter ("alpha:0.5")
-        try:
-            gppo.get_divergence(args.divergence)
-        except ValueError as e:
-            raise ValueError(f"--divergence={args.divergence!r}: {e}") from None
-    args.agg, args.loss_kwargs = loss_settings(args, gppo)
-    if args.objective == "gppo":   # fails fast on a bad divergence, delta or bounds
-        gppo.check_config(args.divergence, args.estimator, args.delta, args.ratio_bounds,
-                          args.dual_clip, args.agg)
-    grid = args.objective == "gppo"
-    args.cell = f"{args.divergence}-{args.estimator}" if grid else args.objective
-    args.out_dir = args.out_dir or os.path.join("out", f"{args.cell}-seed{args.seed}")
     return args
 
 
-def loss_settings(args, gppo):
-    """(agg, loss_kwargs) of the chosen loss: --agg or the loss's own default aggregation, and
-    --loss_kwargs parsed and checked against the loss's signature, then tried once on a tiny
-    batch so a bad value fails here, not mid-run."""
-    import torch
-    fn = gppo.gppo_loss if args.objective == "gppo" else gppo.BASELINES[args.objective]
-    params = inspect.signature(fn).parameters
-    agg = args.agg or params["agg"].default
-    flagged = {"delta": "--delta", "ratio_bounds": "--ratio_bounds", "dual_clip": "--dual_clip",
-               "agg": "--agg"}
-    fixed = {"logp", "old_logp", "advantages", "mask", "divergence", "estimator", "global_count",
-             "detach"} | (set(flagged) if args.objective == "gppo" else {"agg"})
-    settable = [k for k in params if k not in fixed]
-    kwargs = {}
-    for item in filter(None, re.split(r",(?=\s*\w+\s*=)", args.loss_kwargs)):   # tuples keep commas
+def keyword_values(flag, text, owner, settable, own):
+    """--flag 'k=v,k=v' as a dict of Python literals (a tuple keeps its commas), each key one of
+    `settable` (the keywords of the function `owner`); own: {key: the flag that sets it}."""
+    values = {}
+    for item in filter(None, re.split(r",(?=\s*\w+\s*=)", text)):
         key, eq, value = (x.strip() for x in item.partition("="))
         if not eq or key not in settable:
-            hint = f" (it has its own flag, {flagged[key]})" if key in flagged else ""
-            raise ValueError(f"--loss_kwargs: {item!r}{hint}; accepted keys of {fn.__name__}: "
+            hint = f" (it has its own flag, {own[key]})" if key in own else ""
+            raise ValueError(f"--{flag}: {item!r}{hint}; accepted keys of {owner}: "
                              f"{', '.join(settable) or 'none'}, as key=value")
         try:
-            kwargs[key] = ast.literal_eval(value)
+            values[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            raise ValueError(f"--loss_kwargs: {key}={value!r} is not a Python literal "
+            raise ValueError(f"--{flag}: {key}={value!r} is not a Python literal "
                              "(number, None, tuple)") from None
-    try:   # a bad value (a negative delta, an eps of the wrong type) raises here
-        one = torch.zeros(1, 2)
-        cell = {"divergence": args.divergence, "estimator": args.estimator} \
-            if args.objective == "gppo" else {}
-        fn(one, one, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), agg=agg, **cell, **kwargs)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"--loss_kwargs={args.loss_kwargs!r} for {fn.__name__}: {e}") from None
-    return agg, kwargs
+    return values

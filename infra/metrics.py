@@ -25,18 +25,19 @@ import torch
 MISMATCH_BINS = (-1.0, -0.3, -0.1, -0.03, 0.03, 0.1, 0.3, 1.0)
 
 
-def mismatch_sums(lp, mu_lp, m):
-    """Over the tokens of the bool mask m: [sum |d|, tokens, sum e^d, sum k3, tokens per bin]."""
-    d = (lp - mu_lp)
-    gap = [d.abs()[m].sum().item(), m.sum().item()]
-    d = d[m].double()
+def mismatch_sums(samples):
+    """Over the tokens of the samples whose start log-probs were computed (Samples.start_logp):
+    [sum |d|, tokens, sum e^d, sum k3, tokens per bin] (zeros when none were)."""
+    done = [i for i, lp in enumerate(samples.start_logp) if lp is not None]
+    if not done:
+        return [0.0] * (len(MISMATCH_BINS) + 5)
+    lp = torch.cat([samples.start_logp[i] for i in done])
+    mu = torch.cat([torch.tensor(samples.batch.logprobs[i], dtype=torch.float32) for i in done])
+    d = (lp - mu).double()
     bins = torch.bucketize(d, torch.tensor(MISMATCH_BINS, dtype=torch.float64))
-    return gap + [d.exp().sum().item(), (d.exp() - 1 - d).sum().item()] + \
+    return [d.abs().sum().item(), float(len(d)), d.exp().sum().item(),
+            (d.exp() - 1 - d).sum().item()] + \
         torch.bincount(bins, minlength=len(MISMATCH_BINS) + 1).tolist()
-
-
-def add_sums(a, b):
-    return [x + y for x, y in zip(a, b)] if a else b
 
 
 class Stopwatch:
@@ -67,9 +68,9 @@ class UpdateLog:
         self.clip_b = [0.0] * buckets             # clipped tokens per mu bucket
         self.norms, self.kls = [], []             # per step: gradient norm, KL(mu || pi) before
                                                   # it (train.minibatch_kl)
-        self.gap = []                             # mismatch_sums before any step (vllm mu)
 
-    def add(self, st, lp, old_logp, ent, mask, kl_ref=0.0, measure_gap=False):
+    def add(self, st, ent, mask, kl_ref=0.0):
+        """One pass: the loss's stats, the entropy per token, the loss mask, the reference KL."""
         w = mask.sum().item()
         for k in self.stats:
             if k == "ratio_max":
@@ -82,8 +83,6 @@ class UpdateLog:
         self.sums["entropy"] += (ent * mask).sum().item()
         self.sums["kl_ref"] += kl_ref
         self.sums["n_tok"] += w
-        if measure_gap and not self.norms:   # mu_source vllm, no step yet: pi is the proximal
-            self.gap = add_sums(self.gap, mismatch_sums(lp, old_logp, mask.bool()))
 
 
 class MetricsLog:
@@ -111,7 +110,7 @@ class MetricsLog:
     def row(self, it, samples, upd, times):
         """The iteration's metrics row: every rank's sums, named, in one gather."""
         args, G, s, buckets = self.args, self.args.group_size, samples, range(len(upd.tok_b))
-        gap = (upd.gap if args.mu_source == "vllm" else s.gap) or [0.0] * (len(MISMATCH_BINS) + 5)
+        gap = mismatch_sums(s)   # the trainer's start log-probs against vLLM's mu
         groups, shaped = s.rewards.view(-1, G), s.shaped.view(-1, G)
         src = [s.rows[i // G]["source"] for i in range(len(s.rewards))]
         by_source = {}

@@ -1,7 +1,7 @@
 """--async_lag K: the sampler works K iterations ahead of the trainer, in a background thread.
 
-    ahead = Prefetch(sample, lag=K, restore=Samples.restore, acc=accelerator)
-    s = ahead.take(it)      # iteration it's batch; starts sampling batch it + K
+    ahead = Prefetch(lag=K, restore=Samples.restore, acc=accelerator)
+    s = ahead.take(it, sample)   # iteration it's batch, sample(it); starts sampling sample(it + K)
     ahead.idle()            # before a weight sync: no generation is using the engine's weights
 
 Choices:
@@ -10,7 +10,7 @@ Choices:
    it + K; idle() waits for them before the trainer replaces the engine's weights. Batch it + K is
    therefore sampled by the weights after iteration it - 1 (prime-rl's async_level = K), and the
    first K + 1 batches by the starting weights. K = 0 samples in the caller's thread, as before.
-2. A thread, not a process: vLLM runs in this process (rollout.py choice 1) and its forward passes
+2. A thread, not a process: vLLM runs in this process (rollout.py says why) and its forward passes
    release the GIL, so sampling overlaps the update. On the CPU both share the cores; what the
    overlap gains there is measured in bench/bench_async.py.
 3. The in-flight batches are part of the checkpoint (accelerate's register_for_checkpointing: every
@@ -28,10 +28,9 @@ from accelerate.utils import gather_object
 
 
 class Prefetch:
-    def __init__(self, sample, lag, restore, acc):
-        """sample(it) -> the batch of iteration it (a dataclass); restore(dict) -> that batch
-        again from its saved fields."""
-        self.sample, self.lag, self.restore, self.acc = sample, lag, restore, acc
+    def __init__(self, lag, restore, acc):
+        """restore(dict) -> a batch (a dataclass) again from its saved fields."""
+        self.lag, self.restore, self.acc = lag, restore, acc
         # OpenMP's thread count is per thread, and a new thread starts at the machine's: vLLM's CPU
         # attention then plans with one count and runs with another (seen: a failed check, then a
         # hang). So the worker first takes torch's count, through the binding: vLLM's CPU worker
@@ -42,14 +41,15 @@ class Prefetch:
         self.next = None                       # the first iteration not yet submitted
         self.failed = None                     # the first batch whose sampling raised
 
-    def take(self, it):
-        """Iteration it's batch (waits if it is still being sampled); at K >= 1 the batches up to
-        it + K are then on their way."""
+    def take(self, it, sample):
+        """Iteration it's batch, sample(it): at K = 0 sampled now, in the caller's thread; at
+        K >= 1 sampled earlier (waits if it still is), and sample(it + 1 .. it + K) then on their
+        way."""
         if not self.lag:
-            return self.sample(it)
+            return sample(it)
         self.next = self.next or it             # a fresh run, or a resumed one at K = 0
         while self.next <= it + self.lag:       # at the start: the first K + 1 batches
-            self.pending[self.next] = self.pool.submit(self._sample, self.next)
+            self.pending[self.next] = self.pool.submit(self._sample, sample, self.next)
             self.next += 1
         return self.pending.pop(it).result()
 
@@ -58,14 +58,14 @@ class Prefetch:
         for f in self.pending.values():
             f.result()
 
-    def _sample(self, it):
+    def _sample(self, sample, it):
         """The worker's job. Once a batch has failed, the batches queued behind it fail at once
         instead of sampling with the engine that failed: the error reaches the loop when it takes
         the failed batch, and the process exits rather than waiting for the queue to drain."""
         if self.failed is not None:
             raise RuntimeError(f"batch {it} not sampled: sampling batch {self.failed} failed")
         try:
-            return self.sample(it)
+            return sample(it)
         except BaseException:
             self.failed = it
             raise

@@ -33,9 +33,9 @@ def test_prefetch_samples_each_batch_with_the_weights_k_iterations_older():
             seen[it] = (version["now"], threading.current_thread() is threading.main_thread())
             return it
 
-        ahead = Prefetch(sample, lag, restore=None, acc=None)
+        ahead = Prefetch(lag, restore=None, acc=None)
         for it in range(1, 8):
-            assert ahead.take(it) == it
+            assert ahead.take(it, sample) == it
             ahead.idle()              # before the sync, as train.py does
             version["now"] = it       # the sync: the engine now holds the weights after it
         assert {it: v for it, (v, _) in seen.items() if it < 8} == \
@@ -55,12 +55,12 @@ def test_a_failed_sampling_fails_the_batches_queued_behind_it():
             raise RuntimeError("engine failed")
         return it
 
-    ahead = Prefetch(sample, 3, restore=None, acc=None)
-    assert ahead.take(1) == 1
+    ahead = Prefetch(3, restore=None, acc=None)
+    assert ahead.take(1, sample) == 1
     with pytest.raises(RuntimeError, match="engine failed"):
-        ahead.take(2)
+        ahead.take(2, sample)
     with pytest.raises(RuntimeError, match="batch 3 not sampled: sampling batch 2 failed"):
-        ahead.take(3)
+        ahead.take(3, sample)
     ahead.pool.shutdown(wait=True)
     assert calls == [1, 2], calls
 

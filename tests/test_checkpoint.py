@@ -17,7 +17,7 @@ Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q   (~30 s on 2 cores)
    folder and the space needed, and the previous checkpoint stays the latest and usable.
 4. Two processes (accelerate launch, gloo; tests/two_ranks.py): rank 1 is slowed before its
    save_state, so iter_N.tmp may be renamed only once every rank's files are in it (the barrier
-   in save_checkpoint). (The same run's micro_batches check is in tests/test_distributed.py.)
+   in save_checkpoint). (The same run's minibatch_passes check is in tests/test_distributed.py.)
 """
 import copy
 import json

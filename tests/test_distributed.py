@@ -6,7 +6,7 @@ all-reduced at the others instead would leave each rank with its own last pass u
 file, run as a script under `accelerate launch --num_processes 2`, registers a DDP communication
 hook that records each all-reduce and a forward hook that records each pass, and runs train.update
 on a real batch of the committed tiny-rare model in micro-batches. A second test reads the run of
-tests/two_ranks.py (conftest.py's two_ranks fixture): infra.distributed.micro_batches' denominator
+tests/two_ranks.py (conftest.py's two_ranks fixture): train.minibatch_passes' denominator
 sums every rank's share.
 
 Run: .venv/bin/python -m pytest tests/test_distributed.py -q   (CPU, gloo, ~30 s)
@@ -46,12 +46,14 @@ def test_ddp_all_reduces_only_at_each_steps_last_micro_batch(tmp_path):
 
 
 @pytest.mark.slow
-def test_micro_batches_denominator_spans_every_rank(two_ranks):
-    """The mini-batch's 5 sequences (3 + 5 + 2 + 7 + 4 = 21 tokens) split 3 / 2 over the ranks: the
-    denominator is every rank's tokens for token-mean and every rank's sequences for the seq-means;
-    the pass count is the larger rank's (2 micro-batches of at most 2 sequences)."""
-    assert two_ranks["counts"] == {"token-mean": [21, 2], "seq-mean-token-mean": [5, 2],
-                                   "seq-mean-token-sum": [5, 2]}
+def test_minibatch_passes_denominator_spans_every_rank(two_ranks):
+    """The mini-batch's 5 kept sequences (3 + 5 + 2 + 7 + 4 = 21 tokens) split 4 / 1 over the ranks:
+    the denominator is every rank's tokens for token-mean and every rank's sequences for the
+    seq-means, over the 2 processes (DDP averages the ranks' gradients); rank 0's passes are 2
+    micro-batches of 2 sequences (rank 1 pads its one with a filler, None)."""
+    passes = [[0, 1], [2, 3]]
+    assert two_ranks["counts"] == {"token-mean": [10.5, passes], "seq-mean-token-mean": [2.5, passes],
+                                   "seq-mean-token-sum": [2.5, passes]}
 
 
 def main(out):
@@ -82,7 +84,7 @@ def main(out):
                          tok.batch_decode(completions))
     run = SimpleNamespace(acc=acc, model=model, opt=opt, ref_model=None, pad_id=tok.pad_token_id)
     s = train.Samples(batch, rows=rows, positions=[0, 1, 2, 3])
-    s.old_logp, s.tis, s.gap = train.behaviour_logprobs(args, model, batch, run.pad_id, acc.device)
+    s.proximal_logp, s.tis, s.start_logp = train.proximal_logprobs(args, model, batch, run.pad_id, acc.device)
     s.rewards = torch.tensor([1.0, 0.0, 0.0] * 4)
     s.shaped, s.advantages, s.keep = train.advantages(args, s.rewards, batch)
 

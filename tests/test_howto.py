@@ -64,7 +64,7 @@ def test_add_a_baseline(monkeypatch):
     assert args.objective == "cis_reinforce" and args.agg == "token-mean" and args.loss_kwargs == {"cap": 5}
     logp, old, adv, mask = batch(1)
     p = logp.clone().requires_grad_(True)
-    loss, stats = train.policy_loss(args, p, old, adv, mask, None)
+    loss, stats = train.chosen_loss(args)(p, old, adv, mask)
     loss.backward()
     # the gradient of REINFORCE weighted by min(r, 5): -min(r, 5) A / N per token
     r = (logp - old).exp()

@@ -1,4 +1,4 @@
-"""infra/metrics.py: a metrics row says what the iteration did. train.py's own behaviour_logprobs
+"""infra/metrics.py: a metrics row says what the iteration did. train.py's own proximal_logprobs
 and update run in-process on a real batch (the committed tiny-rare model, a real Accelerator on the
 CPU), and the row's numbers are checked against a plain forward pass by hand.
 
@@ -67,7 +67,7 @@ def updated():
     run = SimpleNamespace(acc=acc, model=policy, opt=opt, ref_model=None, pad_id=tok.pad_token_id,
                           sources=["tiny-rare-math"], log=print, eval_rows=rows, tok=tok)
     s = train.Samples(batch, rows=rows[:2], positions=[0, 1])
-    s.old_logp, s.tis, s.gap = train.behaviour_logprobs(args, policy, batch, run.pad_id, acc.device)
+    s.proximal_logp, s.tis, s.start_logp = train.proximal_logprobs(args, policy, batch, run.pad_id, acc.device)
     s.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     s.shaped, s.advantages, s.keep = train.advantages(args, s.rewards, batch)
     upd = train.update(args, run, s, train.minibatches(args, 1), 1)
@@ -102,7 +102,7 @@ def test_logp_gap_vllm_is_measured_under_mu_source_vllm(updated, tmp_path):
     """--mu_source vllm: the trainer's log-probs are never recomputed before the update, so the
     update measures the gap on its first passes: mean |trainer - vLLM| = sum n_i |o_i| / sum n_i."""
     want = sum(n * abs(o) for n, o in zip(LENGTHS, OFFSET)) / sum(LENGTHS)
-    assert updated.s.gap == []          # behaviour_logprobs leaves it to the update
+    assert all(lp is not None for lp in updated.s.start_logp)   # proximal_logprobs left them to update
     assert row_of(updated, tmp_path)["logp_gap_vllm"] == pytest.approx(want, rel=1e-4)
 
 
@@ -119,7 +119,7 @@ def test_entropy_is_the_mean_over_completion_tokens(updated, tmp_path):
     lp[-LENGTHS[0]:] = updated.lp[0]
     _, st = gppo.gppo_loss(lp[None], lp[None], torch.ones(1), mask[None], "tv", "mc")
     log = UpdateLog(gppo.STATS, gppo.MU_BUCKETS)
-    log.add(st, lp[None], lp[None], ent[None], mask[None])
+    log.add(st, ent[None], mask[None])
     assert log.sums["entropy"] / log.sums["n_tok"] == pytest.approx(ent[-LENGTHS[0]:].mean().item(),
                                                                     rel=1e-6)
 

@@ -23,6 +23,7 @@ from conftest import ENV, MP, ROOT, metrics, ok, run, train_cmd, update_of
 
 import gppo
 import infra.logprobs
+from infra.metrics import mismatch_sums
 import train
 from rollout import RolloutBatch
 
@@ -91,7 +92,7 @@ def run_update(sampled, *flags, hook=None, ref=None, it=1):
                                       evaluation_mode=True)
     run = train.Run(acc=acc, model=model, opt=opt, ref_model=ref_model, pad_id=tok.eos_token_id)
     s = train.Samples(batch, rows=None, positions=list(range(P)))
-    s.old_logp, s.tis, _ = train.behaviour_logprobs(args, model, batch, tok.eos_token_id, acc.device)
+    s.proximal_logp, s.tis, s.start_logp = train.proximal_logprobs(args, model, batch, tok.eos_token_id, acc.device)
     _, s.advantages, s.keep = train.advantages(args, rewards, batch)
     log = train.update(args, run, s, train.minibatches(args, it), it)
     return log, acc.unwrap_model(model)
@@ -196,7 +197,7 @@ def test_loss_kwargs_reach_the_loss_and_bad_ones_fail_at_parse_time():
     old = torch.rand(4, 6, generator=g).log()
     lp = (old + 0.3 * torch.randn(4, 6, generator=g)).clamp(max=0)
     adv, mask = torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.ones(4, 6, dtype=torch.bool)
-    got, _ = train.policy_loss(args, lp, old, adv, mask, None)
+    got, _ = train.chosen_loss(args)(lp, old, adv, mask)
     want, _ = gppo.gspo_loss(lp, old, adv, mask, agg="seq-mean-token-mean", eps_low=0.1, eps_high=0.3)
     assert got.item() == want.item()
     for flags, says in [(["--method", "gspo", "--loss_kwargs", "eps=0.1"], "eps_low, eps_high"),
@@ -221,7 +222,7 @@ def logprobs_by_hand(model, ids, attn):
 def test_head_precision_reaches_the_head(sampled):
     """token_logprobs' head matmul runs at --head_precision, with and without gradient (the
     checkpointed chunks): fp32 is the plain float32 computation to float32 noise, bf16 differs from
-    it by bf16-sized amounts. behaviour_logprobs (mu) takes the flag from args."""
+    it by bf16-sized amounts. proximal_logprobs takes the flag from args."""
     tok, state, batch, _ = sampled
     model, pad = tiny_model(state), tok.eos_token_id
     ids, attn, resp = infra.logprobs.collate(batch, list(range(len(batch.texts))), pad, "cpu")
@@ -234,8 +235,8 @@ def test_head_precision_reaches_the_head(sampled):
         # measured: fp32 ~1e-6 from the plain forward, bf16 ~1e-2
         assert (fp32 - plain).abs().max().item() < 1e-5
         assert 1e-4 < (bf16 - plain).abs().max().item() < 0.1
-    mu = {hp: torch.cat(train.behaviour_logprobs(update_args("--head_precision", hp), model, batch,
-                                                 pad, "cpu")[0]) for hp in ("fp32", "bf16")}
+    mu = {hp: torch.cat(train.proximal_logprobs(update_args("--head_precision", hp), model, batch,
+                                                pad, "cpu")[0]) for hp in ("fp32", "bf16")}
     assert (mu["fp32"] - plain).abs().max().item() < 1e-5
     assert 1e-4 < (mu["bf16"] - plain).abs().max().item() < 0.1
 
@@ -243,14 +244,14 @@ def test_head_precision_reaches_the_head(sampled):
 def test_epochs_reshuffle_inside_update(sampled, monkeypatch):
     """--epochs 2 in update() itself (8 mini-batches of one prompt): every epoch takes each
     mini-batch once, the first in sampling order, the second in another order. Recorded where
-    update hands a mini-batch's samples to train.micro_batches."""
-    used, real = [], train.micro_batches
+    update hands a mini-batch's passes to train.pad_with_fillers."""
+    used, real = [], train.pad_with_fillers
 
-    def spy(size, acc, samples, local_count):
-        used.append(sorted({i // G for i in samples}))
-        return real(size, acc, samples, local_count)
+    def spy(acc, passes):
+        used.append(sorted({i // G for p in passes for i in p}))
+        return real(acc, passes)
 
-    monkeypatch.setattr(train, "micro_batches", spy)
+    monkeypatch.setattr(train, "pad_with_fillers", spy)
     flags = ["--epochs", "2", "--prompts_per_update", "1", "--target_kl", "0"]
     log, _ = run_update(sampled, *flags)
     batches = train.minibatches(update_args(*flags), 1)
@@ -346,14 +347,14 @@ def test_update_denominator_is_the_whole_minibatch(sampled, agg):
     got = []
     run_update(sampled, *flags, hook=lambda opt, *a: got.append(grads(opt)))
     args, model, pad = update_args(*flags), tiny_model(state), tok.eos_token_id
-    old, _, _ = train.behaviour_logprobs(args, model, batch, pad, "cpu")
+    old, _, _ = train.proximal_logprobs(args, model, batch, pad, "cpu")
     _, adv, keep = train.advantages(args, rewards, batch)
     batches = train.minibatches(args, 1)
     idx = [p * G + j for p in batches[0] for j in range(G)]
     assert keep[idx].all() and len(idx) > 3
     ids, attn, resp, old_lp = infra.logprobs.collate(batch, idx, pad, "cpu", (old,))
     lp, _ = infra.logprobs.token_logprobs(model, ids, attn, resp)
-    loss, _ = train.policy_loss(args, lp, old_lp, adv[idx], resp[:, 1:].float(), None)
+    loss, _ = train.chosen_loss(args)(lp, old_lp, adv[idx], resp[:, 1:].float())
     loss.backward()
     want = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert want.norm() > 0 and ((got[0] - want).norm() / want.norm()).item() < 1e-4
@@ -621,7 +622,7 @@ def test_truncated_importance_sampling_weights_the_advantages(same_batch):
 def test_truncated_importance_sampling_weighs_each_token(same_batch, tiny):
     """Per token, the TIS weight is min(pi_old / mu_vllm, cap) with pi_old the trainer's log-prob:
     vLLM's log-probs of the recorded batch are shifted by a different amount at every token, and
-    train.behaviour_logprobs must return exactly those per-token ratios, capped."""
+    train.proximal_logprobs must return exactly those per-token ratios, capped."""
     from transformers import AutoModelForCausalLM
     saved = rollouts_of(same_batch)
     saved.pop("positions")
@@ -630,7 +631,7 @@ def test_truncated_importance_sampling_weighs_each_token(same_batch, tiny):
     batch = RolloutBatch(**saved)
     args = train.parse_args(["--model", str(tiny / "model"), "--tis_cap", "1.1", "--micro_batch_size", "5"])
     model = AutoModelForCausalLM.from_pretrained(str(tiny / "model"), dtype=torch.float32).eval()
-    old, tis, gap = train.behaviour_logprobs(args, model, batch, 0, torch.device("cpu"))
+    old, tis, start = train.proximal_logprobs(args, model, batch, 0, torch.device("cpu"))
     trainer = completion_logprobs(tiny / "model", saved)                 # written out independently
     vllm = torch.tensor([x for lps in saved["logprobs"] for x in lps])
     expected = (trainer - vllm).exp().clamp(max=1.1)
@@ -638,6 +639,8 @@ def test_truncated_importance_sampling_weighs_each_token(same_batch, tiny):
     assert got.std() > 0.05 and (got < 1.1).any() and (got == 1.1).any(), "weights must vary per token and hit the cap"
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
     assert torch.allclose(torch.cat(old), trainer, atol=1e-5)           # mu: the trainer's own log-probs
+    assert start is old        # recompute: the start log-probs are the proximal policy's
+    gap = mismatch_sums(train.Samples(batch, None, None, start_logp=start))   # the row's gap
     assert gap[1] == len(got) and math.isclose(gap[0] / gap[1], (trainer - vllm).abs().mean().item(), rel_tol=1e-4)
 
 

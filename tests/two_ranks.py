@@ -6,8 +6,9 @@ OUT/result.json for the tests to read; nothing here asserts.
 - save_checkpoint: rank 1 is slowed before its save_state, so a rename of iter_N.tmp that does not
   wait for every rank would commit a folder without rank 1's files. Rank 0 lists what the folder
   holds at the moment of the rename (os.replace watched) and after the save.
-- micro_batches: each rank holds another share of a mini-batch; the denominator each returns must
-  be the whole mini-batch's for every aggregation.
+- train.minibatch_passes: each rank holds another share of a mini-batch (4 sequences kept on rank 0,
+  1 on rank 1); the denominator each returns must be the whole mini-batch's for every aggregation,
+  divided by the process count, and both ranks must run as many passes (a filler on rank 1).
 """
 import json
 import os
@@ -17,10 +18,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import gppo  # noqa: E402
 import train  # noqa: E402
 from infra.checkpoints import save_checkpoint  # noqa: E402
-from infra.distributed import micro_batches  # noqa: E402
 from rollout import RolloutBatch  # noqa: E402
 
 
@@ -56,18 +55,19 @@ def main(out):
     result["after"] = {n: sorted(os.listdir(os.path.join(ckpt, n)))
                        for n in sorted(os.listdir(ckpt))}
 
-    # -- micro_batches: one mini-batch of 5 sequences, 3 on rank 0 and 2 on rank 1 --
-    lengths = [3, 5, 2, 7, 4]
-    batch = RolloutBatch([[1]] * 5, [[2] * n for n in lengths], [[0.0] * n for n in lengths],
-                         [False] * 5, [""] * 5)
-    mine = [0, 1, 2] if rank == 0 else [3, 4]
+    # -- minibatch_passes: one mini-batch of 4 prompts x 2, prompts 0, 1 on rank 0 and 2, 3 on
+    # rank 1; every sequence kept on rank 0 (3 + 5 + 2 + 7 tokens), only the first on rank 1 (4)
+    lengths = [3, 5, 2, 7] if rank == 0 else [4, 1, 1, 1]
+    batch = RolloutBatch([[1]] * 4, [[2] * n for n in lengths], [[0.0] * n for n in lengths],
+                         [False] * 4, [""] * 4)
+    s = train.Samples(batch, rows=None, positions=[0, 1] if rank == 0 else [2, 3],
+                      keep=torch.tensor([True] * 4 if rank == 0 else [True, False, False, False]))
+    run = train.Run(acc=acc, model=None, opt=None, pad_id=0)
     result["counts"] = {}
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-        margs = train.parse_args(["--agg", agg, "--micro_batch_size", "2"])
-        tokens = torch.tensor([len(batch.completion_ids[i]) for i in mine])
-        passes, count = micro_batches(margs.micro_batch_size, acc, mine,
-                                      gppo.denominator(tokens, margs.agg))
-        result["counts"][agg] = [count, len(passes)]
+        margs = train.parse_args(["--agg", agg, "--micro_batch_size", "2", "--group_size", "2"])
+        passes, count = train.minibatch_passes(margs, run, s, [0, 1, 2, 3])
+        result["counts"][agg] = [count, passes]
     acc.wait_for_everyone()
     if acc.is_main_process:
         with open(os.path.join(out, "result.json"), "w") as f:
