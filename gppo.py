@@ -2,9 +2,9 @@
 GPPO: the {Divergence x Estimator} proximal region as a policy loss, plus the paper's baselines.
 
 Pure math: tensors in, (loss, stats) out. The paper is "Generalized Proximal Policy Optimization"
-(Cai et al., arXiv 2610.13015); equation and section numbers below are its own. `python gppo.py`
-prints every cell's region at a few mu (and the alpha family's, `alpha:A`; bench/regions.py);
-`python bench/plot_regions.py` plots them against mu (out/gppo_regions.png).
+(Cai et al., arXiv 2610.13015); equation and section numbers below are its own.
+`python bench/regions.py` prints every cell's region at a few mu (and the alpha family's,
+`alpha:A`); `python bench/plot_regions.py` plots them against mu (out/gppo_regions.png).
 
 Choices, in the order a reader meets them:
 1. The clip is a mask (paper eq. 11, section 3.1): a token gives no policy gradient exactly when
@@ -475,7 +475,3 @@ def dgpo_loss(logp, old_logp, advantages, mask, agg="token-mean", global_count=N
 
 BASELINES = {"gspo": gspo_loss, "gmpo": gmpo_loss, "sapo": sapo_loss, "cispo": cispo_loss,
              "clip_cov": clip_cov_loss, "drpo": drpo_loss, "dgpo": dgpo_loss}
-
-if __name__ == "__main__":   # every cell's region at a few mu (bench/regions.py, beside the plot)
-    from bench.regions import main
-    main()

@@ -1,7 +1,7 @@
 """
 The proximal regions {r : |D(r)| <= delta} of the Divergence x Estimator cells against mu, at the
 default delta, one panel per divergence (upper bound solid, lower dashed, one colour per
-estimator). `python gppo.py` prints the same regions as a table at a few mu.
+estimator). `python bench/regions.py` prints the same regions as a table at a few mu.
 
     python bench/plot_regions.py                                 # every gppo.DIVERGENCES entry
     python bench/plot_regions.py --divergences kl,alpha:0.5,alpha:2 --out out/alpha.png

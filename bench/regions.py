@@ -1,10 +1,10 @@
 """
 The proximal region of every cell, {r > 0 : |D(r)| <= delta} per token, as bounds on r = pi/mu:
-what the region table (`python gppo.py`, `python bench/regions.py`) and the plot
+what the region table (`python bench/regions.py`) and the plot
 (bench/plot_regions.py) show, and what the tests check the loss's mask against. Not on the
 training path: the loss never computes a bound (gppo.py choice 1).
 
-    python bench/regions.py          # the same table as `python gppo.py`
+    python bench/regions.py          # every cell's region at a few mu, and the alpha family's
 """
 import argparse
 import math

@@ -9,8 +9,9 @@ answer_prob.png. The numbers come from bench/stats.py; this file formats and dra
 
 Choices:
 1. The report reads every finished run in the folder, whatever --seeds/--only the invocation had
-   (bench/sweep.py choice 4); each row states its n.
-2. The warm-start row is eval.py on the start model, once per folder (bench/sweep.py choice 7).
+   (bench/sweep.py is resumable and can be run in pieces); each row states its n.
+2. The warm-start row is eval.py on the start model, once per folder (eval_start.json), with the
+   runs' evaluation settings.
 3. On the rare task the answer is the one token after `\\boxed{`, so avg@k estimates the mean
    probability of the answer token; answer_prob.png shows it per method beside the default task's
    curve (its eval_avg@k if the default sweep has such rows, else its train reward, as the panel
@@ -344,7 +345,7 @@ def plot_answer_prob(ev, k, key, path, other=None):
 
 def warm_start(settings, out):
     """avg@k of the start model: <out>/eval_start.json, made once by eval.py with the runs'
-    evaluation settings (bench/sweep.py choice 7). Returns (scores or None, the eval.py command)."""
+    evaluation settings (k, response length, context, template, backend, dtype). Returns (scores or None, the eval.py command)."""
     a, path = settings["train_args"], os.path.join(out, "eval_start.json")
     cmd = [sys.executable, "eval.py", "--model", settings["model"], "--data", ",".join(stats.EVAL_SETS),
            "--data_dir", settings["data_dir"], "--template", a["template"], "--k", str(a["eval_k"]),
@@ -362,12 +363,12 @@ def warm_start(settings, out):
 
 
 def draw_regions(out):
-    """regions.txt (`python gppo.py`: the regions as a table at a few mu) and regions.png
+    """regions.txt (`python bench/regions.py`: the regions as a table at a few mu) and regions.png
     (bench/plot_regions.py: every cell's region against mu), once per sweep folder."""
     regions = os.path.join(out, "regions.png")
     if not os.path.exists(regions):
         with open(os.path.join(out, "regions.txt"), "w") as f:
-            subprocess.run([sys.executable, "gppo.py"], cwd=ROOT, stdout=f, check=True)
+            subprocess.run([sys.executable, os.path.join("bench", "regions.py")], cwd=ROOT, stdout=f, check=True)
         subprocess.run([sys.executable, "bench/plot_regions.py", "--out", os.path.abspath(regions)],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 

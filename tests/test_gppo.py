@@ -449,7 +449,7 @@ def test_by_mu_empty_mask_gives_zeros(cell):
     assert stats["token_frac_by_mu"] == [0.0] * 4 and stats["clip_frac_by_mu"] == [0.0] * 4
 
 
-# ---- float32 region decisions (gppo.py choice 5) ----
+# ---- float32 region decisions (gppo.estimate: |D(r)| decides who is clipped, in float64) ----
 
 def reference_outside(div, est, log_r, old, delta):
     """|D(r)| > delta in float64, written from eqs. 18-20 independently of gppo's float32 path."""
@@ -665,11 +665,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def test_main_prints_table_without_plotting():
-    """`python gppo.py` prints every cell's region, examples of the alpha family and the line saying
-    any alpha:A works, and imports no plotting library (gppo.py is pure math)."""
+    """`python bench/regions.py` prints every cell's region, examples of the alpha family and the
+    line saying any alpha:A works, and imports no plotting library."""
     code = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
             "print('matplotlib' in sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "gppo.py")],
+    res = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "bench", "regions.py")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

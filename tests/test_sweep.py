@@ -363,7 +363,7 @@ def test_task_rare_runs_on_data_tiny_rare(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# learning speed (choice 8): iterations to a train reward, area under the held-out avg@k curve
+# learning speed (bench/stats.iters_to_reward, auc): iterations to a train reward, area under the held-out avg@k curve
 
 def test_iters_to_reward_first_crossing_and_never_reached():
     hist = [dict(iter=i + 1, reward_mean=r) for i, r in enumerate([0.1, 0.49, 0.5, 0.3, 0.7])]
@@ -552,7 +552,7 @@ def test_report_of_a_finished_rare_sweep(tmp_path):
 
 
 def test_regions_are_drawn_by_the_tools_that_draw_them(tmp_path):
-    # the report's regions.txt and regions.png come from `python gppo.py` and bench/plot_regions.py
+    # the report's regions.txt and regions.png come from `python bench/regions.py` and bench/plot_regions.py
     # (the report tests pre-create regions.png; here the real commands run)
     sweep_report.draw_regions(str(tmp_path))
     assert "kl" in (tmp_path / "regions.txt").read_text()
