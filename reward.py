@@ -4,77 +4,16 @@ Tasks and their binary rewards for RL on model-written text: 1.0 for a correct r
     score("math", completions, ground_truths)  # gold answers such as "56", "\\frac{1}{2}", "[1, 2)"
     score("code", completions, test_specs)     # APPS/TACO/PRIME {"inputs": [...], "outputs": [...]}
     score("rg", completions, ground_truths)    # reasoning-gym rows of data/loaders.py ("rg:<name>")
-    score("exact", completions, ground_truths) # words: "tac" (the answer line, exactly; choice 9)
+    score("exact", completions, ground_truths) # words: "tac" (the answer line, exactly)
 
-A task is one entry of TASKS (choice 8): its instruction (the prompt templates of data/loaders.py),
-its ground-truth check (run on every row when it is loaded) and its reward. `score` is what the
+A task is one entry of TASKS: its instruction (the prompt templates of data/loaders.py), its
+ground-truth check (run on every row when it is loaded) and its reward. `score` is what the
 trainer calls once per iteration: the whole batch, in parallel, results in input order. Bad model
 output never raises (it scores 0); bad configuration (unknown task, malformed test spec or ground
-truth) raises ValueError. Tests: `python -m pytest tests/test_reward.py tests/test_tasks.py`.
-
-Design choices:
-1. The model is optimised to get 1.0 by any means, so nothing it writes runs or is parsed in the
-   trainer's process: math answers go to worker processes (infra/checkers.py), programs to
-   sandboxes (infra/sandbox.py).
-2. Math is judged by math-verify (parse + verify, gold first) on the final answer in the tail of
-   the completion: whichever comes last of its final boxed answer (choice 10), a DAPO-style
-   `Answer: ...` line, or a final-answer sentence anywhere in a line where math follows
-   (Minerva's "Final Answer: The final answer is $X$. I hope it is correct."), so the sentence
-   wins over an earlier intermediate \\boxed{}.
-3. Limits are CPU time, not wall time, so a reward is a function of the completion and not of
-   the machine's load: a math item that needs more than its limit of the worker's CPU (sympy
-   stuck in C on an exponent tower) ends the worker (SIGXCPU), which is replaced; obvious towers
-   and huge exponents are rejected before sympy sees them. A wall-clock guard of 10x the limit
-   only stops what blocks without computing (infra/checkers.py choice 1).
-4. Every program runs in a fresh `python -I -S` inside bubblewrap: no network, no file system but
-   read-only system files and a private /tmp, an empty environment, rlimits, a CPU-time limit
-   over all its processes (and the wall-clock guard), the process tree killed after (without
-   bwrap a weaker fallback, warned once; infra/sandbox.py choice 1).
-5. Expected outputs never enter the sandbox; pass/fail is decided outside by comparing outputs
-   (never by exit code). Call-based problems run all their calls in one interpreter through a
-   small harness that prints JSON results after a random marker.
-6. reasoning-gym ("rg") answers are the last `Answer: ...` line (or \\boxed{}), as for math, judged
-   by the data set's own `score_answer(answer, entry)` in the same killable workers as math
-   (a checker can hang too: sympy on "x**(9**9**9)"). Its scores lie in [0, 1], some with partial
-   credit (e.g. the right number inside extra words); we keep rewards binary: 1.0 only for full
-   credit (score >= 1), else 0.0. The ground truth is the JSON that data/loaders.py writes:
-   {"dataset", "config", "entry"}; the worker rebuilds the data set object from name + config.
-7. The pool of checker workers (and of concurrent sandboxes) defaults to this process's cores
-   divided by LOCAL_WORLD_SIZE: under `accelerate launch` every rank on a node scores at once.
-8. One registry, TASKS: adding a task is one Task entry, and a row's "task" field picks it. A
-   math ground truth must be a math expression: math-verify reads a bare word as a product of
-   variables ("tac" is a*c*t), so "\\boxed{cat}" would score 1 against it. The check refuses bare
-   letter runs outside \\text{...} and function names (sin, log, ...), and names task "exact".
-9. "exact" compares the answer line (extract_answer, as for math) with the ground truth after
-   the same clean-up and with runs of whitespace made one space. It is case-sensitive: exactness
-   is the point (the reverse of "Cat" is "taC"); a task where case does not matter is one more
-   entry.
-10. Several boxes in a row are one answer: the last \\boxed{} with the boxes just before it that
-   only spacing, punctuation, "and"/"or" or math delimiters separate from it, joined by ", "
-   ("\\boxed{(1,2)}, \\boxed{(2,1)}" is "(1,2), (2,1)"); any other word ends the run ("\\boxed{56}
-   wait, no: \\boxed{57}" is 57). MATH ground truths are read the same way (data/loaders.py). A
-   completion that boxes every candidate gives a list, which matches no single gold: it scores 0.
-11. Answer forms, decided one way each (tests/test_reward.py tests each both ways; measured in
-   bench/verifier_agreement.py). False positives (a wrong answer rewarded) are worse than false
-   negatives, so where a reading is ambiguous it is the stricter one. Rewritten before
-   math-verify, in answer and gold alike: thousands separated by a space or thin space
-   ("1 000", "1\\,000", "12,\\!000") are one number; "1 1/2" is the mixed number 3/2; where the
-   gold has a lone i, i is the imaginary unit on both sides ("i(2-i)" is 1+2i; math-verify reads
-   i as a variable). The policies:
-   1. a bare comma list is a set ("2, 1" is "1, 2": the roots of an equation, as MATH asks for
-      them); a tuple in brackets is ordered. hendrycks/math's own test wants "10, 4, -2" and
-      "4, 10, -2" unequal, but MATH writes ordered answers as tuples: of its test split's bare
-      lists, 3 ask for the values in an order ("least to greatest"), where the right values in
-      another order score 1;
-   2. a unit after a number is dropped (math-verify's list: "10m", "10\\text{ cm}" are 10); a
-      letter that is a variable is not ("10x" is not 10), nor a bare word ("18 dollars" scores
-      0: dropping words would also drop "18 thousand"; the prompt asks for the answer alone);
-   3. no rounding tolerance of our own: a decimal matches an exact value only to math-verify's
-      6 decimal places (125.663706 is 40\\pi, 125.663 is not);
-   4. a gold that is a clock time ("\\text{4:30 p.m.}") is compared as a time, not by math-verify
-      (which reads 4:30 as the ratio 2:15): hours and minutes equal, a.m./p.m. equal or missing;
-   5. no decimal commas: a comma between digits separates thousands ("1,000") or list items
-      ("1,5" is the set {1, 5}, not 1.5).
+truth) raises ValueError. The model is optimised to get 1.0 by any means, so nothing it writes
+runs or is parsed in the trainer's process: math and rg answers go to worker processes
+(infra/checkers.py), programs to sandboxes (infra/sandbox.py). Each policy is stated beside the
+code that implements it. Tests: `python -m pytest tests/test_reward.py tests/test_tasks.py`.
 """
 import concurrent.futures
 import dataclasses
@@ -88,25 +27,30 @@ from typing import Callable
 from infra import checkers, sandbox
 
 # --- configuration (defaults; timeouts can also be passed per call) ---
-MATH_TIMEOUT_S = 5.0       # CPU seconds per math item; the worker is killed past it (choice 3)
+# Limits are CPU time, not wall time, so a reward is a function of the completion and not of the
+# machine's load: a math item that needs more than its limit of the worker's CPU (sympy stuck in C
+# on an exponent tower) ends the worker (SIGXCPU), which is replaced. A wall-clock guard of 10x
+# the limit (sandbox.WALL_GUARD, also read by infra/checkers.py) only stops what blocks without
+# computing.
+MATH_TIMEOUT_S = 5.0       # CPU seconds per math item; the worker is killed past it
 MATH_TAIL_CHARS = 4000     # only the tail of a completion is searched for the final answer
 MATH_MAX_ANSWER = 400      # longer extracted answers score 0 without reaching sympy
 RG_TIMEOUT_S = 5.0         # CPU seconds per reasoning-gym item, as for math
-CODE_TIMEOUT_S = 5.0       # CPU seconds per sandboxed program, all its processes (choice 4)
+CODE_TIMEOUT_S = 5.0       # CPU seconds per sandboxed program, all its processes
 CODE_MAX_TESTS = 10        # tests run per problem (the first ones)
 CODE_MAX_CHARS = 64_000    # longer extracted programs score 0
 
 # ------------------------------------------------------------------------------------ math
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# What may stand between the boxes of one answer (choice 10): "\boxed{1}, \boxed{2}",
+# What may stand between the boxes of one answer (final_boxed): "\boxed{1}, \boxed{2}",
 # "$\boxed{1}$ and $\boxed{2}$", "\boxed{1} \quad \text{or} \quad \boxed{2}"; any other word
 # ("wait, no:") ends the run, so only the last box counts.
 _BETWEEN_BOXES = re.compile(r"(?:\s|[,;~&$]|\\[()\[\],;! ]|\\q?quad\b|\\\\|\b(?:and|or)\b"
                             r"|\\(?:text|mbox|textrm|mathrm)\s*\{\s*(?:and|or|,)?\s*\})*")
 _ANSWER_LINE = re.compile(r"(?im)^[ \t>*#]*(?:final[ \t]+)?answer[ \t]*:(.*)$")
-# Minerva's closing sentence, the last one in a line (choice 2): "Final Answer: The final answer
-# is $10,455$. I hope it is correct." Only where math follows: "The final answer is positive,
-# because ..." is prose after the real (boxed) answer.
+# Minerva's closing sentence, the last one in a line (extract_answer): "Final Answer: The final
+# answer is $10,455$. I hope it is correct." Only where math follows: "The final answer is
+# positive, because ..." is prose after the real (boxed) answer.
 _FINAL_SENTENCE = re.compile(r"(?im)^.*\b(?:final[ \t]+answer[ \t]*:|the[ \t]+final[ \t]+answer"
                              r"[ \t]+is\b[ \t]*:?)[ \t]*(?=[-+$\\\d(\[{.]|the[ \t]+final)(.*)$")
 _SENTENCE_WORDS = re.compile(r"(?i)^\s*the final answer is\b\s*:?|[.\s]*\bI hope it is correct.*$")
@@ -142,9 +86,12 @@ def boxed_answers(text):
 
 
 def final_boxed(text):
-    """The final boxed answer of text, (start, answer) or None: the last box and the boxes just
-    before it that only spacing, punctuation, "and"/"or" or math delimiters separate from it,
-    joined by ", " (choice 10). data/loaders.py reads MATH ground truths with it too."""
+    """The final boxed answer of text, (start, answer) or None. Several boxes in a row are one
+    answer: the last box and the boxes just before it that only spacing, punctuation, "and"/"or"
+    or math delimiters separate from it, joined by ", " ("\\boxed{(1,2)}, \\boxed{(2,1)}" is
+    "(1,2), (2,1)"); any other word ends the run ("\\boxed{56} wait, no: \\boxed{57}" is 57).
+    data/loaders.py reads MATH ground truths with it too. A completion that boxes every
+    candidate gives a list, which matches no single gold: it scores 0."""
     boxes = boxed_answers(text)
     if not boxes:
         return None
@@ -157,8 +104,11 @@ def final_boxed(text):
 
 
 def extract_answer(completion):
-    """The final answer in the tail of a completion, or None: the last of its final boxed answer,
-    `Answer: ...` lines and final-answer sentences (choice 2)."""
+    """The final answer in the tail (MATH_TAIL_CHARS) of a completion, or None: whichever comes
+    last of its final boxed answer (final_boxed), a DAPO-style `Answer: ...` line, or a
+    final-answer sentence anywhere in a line where math follows (Minerva's "Final Answer: The
+    final answer is $X$. I hope it is correct."), so the sentence wins over an earlier
+    intermediate \\boxed{}. Math, rg and exact all read their answer with it."""
     text = completion[-MATH_TAIL_CHARS:]
     found = [final_boxed(text)]
     found += [(m.start(), m.group(1)) for m in _ANSWER_LINE.finditer(text)]
@@ -177,7 +127,9 @@ def _clean(answer):
 
 
 def _pathological(answer):
-    """Expressions on which sympy may spend unbounded time in C (no alarm can stop it)."""
+    """Expressions on which sympy may spend unbounded time in C (no alarm can stop it; the CPU
+    limit ends the worker): obvious towers and huge exponents are rejected before sympy sees
+    them."""
     if len(answer) > MATH_MAX_ANSWER or re.search(r"\d{5,}\s*!|!\s*!", answer):
         return True  # absurd length, factorials of huge numbers, (n!)!
     for m in re.finditer(r"\^|\*\*", answer):
@@ -191,9 +143,11 @@ def _pathological(answer):
     return False
 
 
-# A math ground truth is refused if, once text arguments and LaTeX commands are taken out, it still
-# has a run of 2+ letters that is not a function name (choice 8): math-verify would read it as a
-# product of variables. Single letters (x, A, i) are variables or choices, as math-verify reads
+# A math ground truth must be a math expression: math-verify reads a bare word as a product of
+# variables ("tac" is a*c*t), so "\boxed{cat}" would score 1 against it. So a math ground truth is
+# refused if, once text arguments (\text{...}) and LaTeX commands are taken out, it still has a
+# run of 2+ letters that is not a function name (sin, log, ...); the error names task "exact" for
+# answers that are words. Single letters (x, A, i) are variables or choices, as math-verify reads
 # them.
 _TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it|sf|tt)|operatorname|begin|end)"
                        r"\s*\{[^{}]*\}")
@@ -223,31 +177,55 @@ def _math_gold(ground_truth):
     return gold
 
 
-# Number forms math-verify misreads (choice 11), rewritten in answer and gold alike.
+# Answer forms are decided one way each (tests/test_reward.py tests each both ways; measured in
+# bench/verifier_agreement.py). False positives (a wrong answer rewarded) are worse than false
+# negatives, so where a reading is ambiguous it is the stricter one. Each policy is stated where it
+# is applied: _number_forms, _LONE_I, _clock, _math_judge.
+# Number forms math-verify misreads, rewritten before math-verify, in answer and gold alike.
 _MIXED = re.compile(r"(?<![\d.,])(\d+)[ \t]+(\d+)[ \t]*/[ \t]*(\d+)(?![\d.])")  # 1 1/2
 _GROUPED = re.compile(  # 1 000, 1\,000, 1{,}000, 12,\!000: thousands separated by a space
     r"(?<![\d.,])[1-9]\d{0,2}(?:(?:[ \t\u2009\u202f~]|\\[,;: !]|\{,\}|,\\!)\d{3})+(?![\d])")
-_LONE_I = re.compile(r"(?<![\\A-Za-z])i(?![A-Za-z])")  # the imaginary unit, not \pi, \sin, \infty
-# A clock time (choice 11, policy 4): 4:30, 12:05 p.m., \text{4:30 p.m.}
+# The imaginary unit, not \pi, \sin, \infty: where the gold has a lone i, i is the imaginary unit
+# on both sides ("i(2-i)" is 1+2i; math-verify reads i as a variable).
+_LONE_I = re.compile(r"(?<![\\A-Za-z])i(?![A-Za-z])")
+# A clock time (_clock): 4:30, 12:05 p.m., \text{4:30 p.m.}
 _CLOCK = re.compile(r"(\d{1,2}):(\d\d)\s*(?:([ap])\.?\s*m\.?)?")
 _TEXT_WRAP = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{([^{}]*)\}")
 
 
 def _number_forms(s):
+    """s with the number forms math-verify misreads rewritten (in answer and gold alike).
+    Thousands separated by a space or thin space ("1 000", "1\\,000", "12,\\!000") are one
+    number; "1 1/2" is the mixed number 3/2. No decimal commas: a comma between digits separates
+    thousands ("1,000") or list items ("1,5" is the set {1, 5}, not 1.5)."""
     s = _MIXED.sub(lambda m: f"{m[1]}\\frac{{{m[2]}}}{{{m[3]}}}" if int(m[2]) < int(m[3])
                    else m[0], s)
     return _GROUPED.sub(lambda m: re.sub(r"\D", "", m[0]), s)
 
 
 def _clock(s):
-    """(hours, minutes, 'a' | 'p' | None) if s is a clock time and nothing else, else None."""
+    """(hours, minutes, 'a' | 'p' | None) if s is a clock time and nothing else, else None.
+    A gold that is a clock time ("\\text{4:30 p.m.}") is compared as a time, not by math-verify
+    (which reads 4:30 as the ratio 2:15), in _math_judge: hours and minutes equal, a.m./p.m.
+    equal or missing in the answer."""
     m = _CLOCK.fullmatch(_TEXT_WRAP.sub(r"\1", s).strip(" $").lower())
     return m and (int(m[1]), int(m[2]), m[3])
 
 
 def _math_judge(answer, gold, timeout):
-    """math-verify's verdict, from a killable checker worker (choice 3), on the answer and gold
-    in the forms it reads (choice 11)."""
+    """math-verify's verdict (parse + verify, gold first), from a killable checker worker (its
+    CPU-time limit: MATH_TIMEOUT_S), on the answer and gold in the forms it reads (_number_forms,
+    _LONE_I; a clock-time gold by _clock instead). Forms left to math-verify, decided one way:
+    - a bare comma list is a set ("2, 1" is "1, 2": the roots of an equation, as MATH asks for
+      them); a tuple in brackets is ordered. hendrycks/math's own test wants "10, 4, -2" and
+      "4, 10, -2" unequal, but MATH writes ordered answers as tuples: of its test split's bare
+      lists, 3 ask for the values in an order ("least to greatest"), where the right values in
+      another order score 1;
+    - a unit after a number is dropped (math-verify's list: "10m", "10\\text{ cm}" are 10); a
+      letter that is a variable is not ("10x" is not 10), nor a bare word ("18 dollars" scores
+      0: dropping words would also drop "18 thousand"; the prompt asks for the answer alone);
+    - no rounding tolerance of our own: a decimal matches an exact value only to math-verify's
+      6 decimal places (125.663706 is 40\\pi, 125.663 is not)."""
     if _pathological(answer):
         return 0.0
     clock = _clock(gold)
@@ -265,9 +243,16 @@ def math_reward(completion, ground_truth, *, timeout=MATH_TIMEOUT_S):
 
 
 # ------------------------------------------------------------------------ reasoning-gym
+# reasoning-gym ("rg") answers are the last `Answer: ...` line (or \boxed{}), read by
+# extract_answer as for math, and judged by the data set's own `score_answer(answer, entry)` in
+# the same killable checker workers as math (a checker can hang too: sympy on "x**(9**9**9)").
+# Its scores lie in [0, 1], some with partial credit (e.g. the right number inside extra words);
+# we keep rewards binary: 1.0 only for full credit (score >= 1), else 0.0 (infra/checkers.py
+# applies the threshold; TASKS["rg"] asks it).
 def _rg_gold(ground_truth):
     """A reasoning-gym ground truth (JSON text or dict) as canonical JSON; ValueError if
-    malformed."""
+    malformed. It is the JSON that data/loaders.py writes: {"dataset", "config", "entry"}; the
+    worker rebuilds the data set object from name + config."""
     g = ground_truth
     if isinstance(g, str):
         try:
@@ -345,6 +330,14 @@ def _same_value(got, exp):
 
 
 def _code_score(code, spec, timeout, max_tests):
+    """1.0 if the program passes the first `max_tests` tests, else 0.0. Every program runs in a
+    fresh `python -I -S` inside bubblewrap (sandbox.run): no network, no file system but
+    read-only system files and a private /tmp, an empty environment, rlimits, a CPU-time limit
+    (`timeout`, CODE_TIMEOUT_S by default) over all its processes and the wall-clock guard, the
+    process tree killed after; without bwrap a weaker fallback, warned once (sandbox.BWRAP).
+    Expected outputs never enter the sandbox: pass/fail is decided here by comparing outputs
+    (never by exit code). Call-based problems run all their calls in one interpreter through a
+    small harness that prints JSON results after a random marker."""
     if len(code) > CODE_MAX_CHARS:
         return 0.0
     sandbox.check()
@@ -435,14 +428,20 @@ def _code_instruction(row):
 
 
 def _exact_gold(ground_truth):
+    """The "exact" task's gold; ValueError if it is not a non-empty string (or int). "exact"
+    compares the answer line (extract_answer, as for math) with the ground truth after the same
+    clean-up (_clean) and with runs of whitespace made one space. It is case-sensitive:
+    exactness is the point (the reverse of "Cat" is "taC"); a task where case does not matter is
+    one more entry of TASKS."""
     if not isinstance(ground_truth, (str, int)) or isinstance(ground_truth, bool):
         raise ValueError(f"exact ground truth must be a string, got {ground_truth!r}")
-    gold = " ".join(_clean(str(ground_truth)).split())  # as the answer is cleaned (choice 9)
+    gold = " ".join(_clean(str(ground_truth)).split())  # as the answer is cleaned
     if not gold:
         raise ValueError(f"exact ground truth {ground_truth!r} is empty")
     return gold
 
 
+# One registry: adding a task is one Task entry, and a row's "task" field picks it.
 TASKS = {
     "math": Task(instruction=lambda row: DAPO_PREFIX + row["problem"] + DAPO_SUFFIX,
                  check=_math_gold, extract=extract_answer, judge=_math_judge,
@@ -468,12 +467,15 @@ def get_task(name):
 
 # ----------------------------------------------------------------------------------- batch
 def score(task, completions, ground_truths, workers=None, timeout=None):
-    """Rewards for a batch, in input order, `workers` items at a time (default: choice 7)."""
+    """Rewards for a batch, in input order, `workers` items at a time (default: this process's
+    cores / LOCAL_WORLD_SIZE)."""
     t = get_task(task)
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
     golds = [t.check(g) for g in ground_truths]  # fail fast, before running anything
-    # choice 7: the ranks of one node share its cores
+    # The pool of checker workers (and of concurrent sandboxes: one per thread) defaults to this
+    # process's cores divided by LOCAL_WORLD_SIZE: under `accelerate launch` every rank on a node
+    # scores at once, and the ranks of one node share its cores.
     workers = workers or max(1, len(os.sched_getaffinity(0))
                              // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     if t.uses_pool:

@@ -14,7 +14,7 @@ bench/sweep.py folder out/async/<config>/ of the cells tv-mc (GRPO), kl-atomic, 
 
 What it reports, per cell and configuration, over the seeds that finished:
 1. final avg@8 (both held-out sets), and its paired difference against K0 with a 95% t interval
-   (bench/stats.py choice 1);
+   (bench/stats.py: at 3-5 seeds a t interval, not a bootstrap);
 2. the first iteration whose train reward reaches 0.8 (a run that never does counts as iters + 1),
    paired against K0 the same way; then each cell's change from its own K0 against another
    cell's (the region that tolerates staleness best loses the least);
@@ -175,7 +175,7 @@ if __name__ == "__main__":
     p.add_argument("--run", action="store_true", help="run the missing runs first")
     p.add_argument("--seeds", default="0-2", help="seeds to run, as bench/sweep.py reads them")
     p.add_argument("--configs", default=",".join(CONFIGS), help="which configurations to run")
-    p.add_argument("--jobs", type=int, default=2, help="runs at once (bench/sweep.py choice 6)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once (sweep.py: 1 thread each)")
     p.add_argument("--iters", type=int, default=60, help="train.py --iters of every run")
     p.add_argument("--publish", action="store_true", help="write bench/results/async/")
     a = p.parse_args()

@@ -11,7 +11,8 @@ What it measures: train.py's `time_iter_s` (the wall time of an iteration: in a 
 includes waiting for the background generation before the weight sync), median over the
 iterations after `--warmup`, and the ratio of each K to K = 0. Also the phases the overlap should
 shrink (time_rollout_s: waiting for the batch; time_sync_s: waiting for the generation in flight,
-then the sync). --threads sets train.py's threads (bench_trl.py choice 7: 1 on a shared machine).
+then the sync). --threads sets train.py's threads (1 on a shared machine: torch's default of 2
+threads stalls when another process is busy).
 """
 import argparse
 import json

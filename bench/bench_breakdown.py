@@ -14,7 +14,8 @@ iterations after `--warmup` and shown as a share of the iteration.
    before it writes and prints the iteration's line, so that (and wandb) is in no timer.
 2. Shares are of summed seconds (a ratio of sums, not a mean of ratios), so long iterations weigh more.
 3. When it runs train.py itself, every flag after `--` is passed on, e.g. `-- --group_size 16`.
-4. `--threads 1` on a shared 2-core machine: see bench_trl.py, choice 7.
+4. `--threads 1` on a shared 2-core machine: another busy process makes torch's default of 2
+   threads stall at every parallel region (bench_trl.py --threads).
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 from pathlib import Path

@@ -17,7 +17,7 @@ baselines of gppo.BASELINES as extra rows, each against plain PPO clip written h
 2. Plain PPO clip and the row's loss are timed alternately, rep by rep, after `--warmup` untimed
    passes of each, and the ratio is of the two medians: a machine that is busier in one moment than
    the next slows both sides of a pair alike.
-3. gppo_loss's cost includes what the trainer pays for with it: |D(r)| in float64 (gppo.py choice 5)
+3. gppo_loss's cost includes what the trainer pays for with it: |D(r)| in float64 (gppo.estimate)
    and its stats dict with the BY_MU lists (one device-to-host copy). Plain PPO computes only the loss.
 4. One torch thread count for all rows (`--threads`, 0 = torch's default), in one process.
 """

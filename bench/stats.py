@@ -9,7 +9,8 @@ out: no runs, no matplotlib.
 
 Choices:
 1. 95% intervals are Student t intervals of the paired differences over the seeds both methods
-   finished (bench/sweep.py choice 2). Not a bootstrap: at 3-5 seeds a percentile bootstrap has a
+   finished (bench/sweep.py pairs seeds: seed s of every method starts from the same model and
+   samples the same first iteration). Not a bootstrap: at 3-5 seeds a percentile bootstrap has a
    handful of distinct resamples (10 at n = 3), its interval never leaves the range of the data,
    and it ignores that the spread is itself estimated from n points, so it covers far less than
    95%. The t interval is exact for normal differences and honest about n: at n = 3 its half-width
@@ -135,7 +136,7 @@ def histories(out, results, by_seed=False):
 
 
 # ----------------------------------------------------------------------------------------------
-# statistics (bench/sweep.py choice 2, choice 1 above)
+# statistics (paired seeds, as bench/sweep.py runs them; choice 1 above)
 
 def mean_std(xs):
     """(mean, sample std) of xs; std None for fewer than 2 values, both None for none."""

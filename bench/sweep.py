@@ -28,7 +28,8 @@ Choices:
    method starts from the same model and samples the same first iteration. Methods are compared on
    the seeds both finished: the per-seed difference cancels what the seed does to both.
 3. 95% intervals are Student t intervals of the paired differences; "distinguishable" means the
-   interval excludes 0 (bench/stats.py choice 1: why not a bootstrap).
+   interval excludes 0 (bench/stats.py says why not a bootstrap: at 3-5 seeds it covers far less
+   than 95%).
 4. Resumable: a finished run writes result.json atomically (tmp + os.replace) and is skipped next
    time; a run folder without one is wiped and redone (train.py appends to metrics.jsonl). The
    table uses every finished run in --out, whatever --seeds/--only this invocation had, so the
@@ -42,9 +43,10 @@ Choices:
    runs' evaluation settings (k, response length, context, template, backend, dtype).
 8. Learning speed (table.md's section with --task rare, or whenever runs have eval_avg@k rows): per
    run, the iterations to a train reward of 0.5 and the area under the held-out avg@k curve, each
-   paired against tv-mc (bench/stats.py choice 2); answer_prob.png draws the curves
-   (bench/sweep_report.py choice 3). --eval_every is one of the settings: runs scored at other
-   iterations are not mixed.
+   paired against tv-mc (bench/stats.py: iters_to_reward, auc); answer_prob.png draws the
+   curves (bench/sweep_report.py: on the rare task avg@k estimates the answer token's
+   probability). --eval_every is one of the settings: runs scored at other iterations are not
+   mixed.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor

@@ -345,7 +345,8 @@ def plot_answer_prob(ev, k, key, path, other=None):
 
 def warm_start(settings, out):
     """avg@k of the start model: <out>/eval_start.json, made once by eval.py with the runs'
-    evaluation settings (k, response length, context, template, backend, dtype). Returns (scores or None, the eval.py command)."""
+    evaluation settings (k, response length, context, template, backend, dtype). Returns (scores or
+    None, the eval.py command)."""
     a, path = settings["train_args"], os.path.join(out, "eval_start.json")
     cmd = [sys.executable, "eval.py", "--model", settings["model"], "--data", ",".join(stats.EVAL_SETS),
            "--data_dir", settings["data_dir"], "--template", a["template"], "--k", str(a["eval_k"]),

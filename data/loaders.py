@@ -41,10 +41,10 @@ Choices:
 8. Few-shot ("fewshot", "fewshot:k", default k = 2): ChatML turns, each shot a train problem as
    the user turn and "Answer: <answer>" as the assistant turn (exactly the line reward.py
    extracts), then the real problem. The shots are the pool of RG_SHOTS train problems that every
-   rg: row, train or test, carries in row["shots"], withheld from the train rows (data/rg.py
-   choice 3). SmolLM2's chat template adds its default system prompt ("You are a helpful AI
-   assistant named SmolLM, trained by Hugging Face") when none is given; we keep it: the model
-   was tuned with it.
+   rg: row, train or test, carries in row["shots"], withheld from the train rows (data/rg.py's
+   RG_SHOTS: a training problem never has its answer in its own prompt). SmolLM2's chat template
+   adds its default system prompt ("You are a helpful AI assistant named SmolLM, trained by
+   Hugging Face") when none is given; we keep it: the model was tuned with it.
 9. Your own data: `jsonl:PREFIX` reads split S from the file PREFIX_S.jsonl (relative to the working
    directory; --data_dir does not apply), one JSON object a line with "problem", "answer" and
    "task" (and optionally "id"; other fields are ignored). Each answer passes its task's check
@@ -122,7 +122,7 @@ def _hendrycks_math(r, i):
     MATH-500, where H4 ships both, it equals the "answer" column on 499 of 500 rows; the 500th
     (number_theory/459) boxes one value in two forms, "15\\frac{39}{40}, \\frac{639}{40}", which
     either form matches. A solution without one, or whose answer the math task refuses (a bare
-    word: reward.py choice 8), is dropped."""
+    word, which math-verify would read as a product of variables: reward._math_gold), is dropped."""
     found = reward.final_boxed(r["solution"])
     if found and re.search(r"\bnot both\b", r["problem"]):
         # "Enter only one of the foci, not both": the solution boxes both and either is right;
@@ -265,7 +265,7 @@ def _load_tiny(name: str, split: str, data_dir: str | None) -> list[dict]:
 
 
 def _check_code_form(spec: dict):
-    """A jsonl: code spec must be one of the two forms reward.py judges (choice 9): stdin/stdout
+    """A jsonl: code spec (choice 9) must be one of the two forms reward.py judges: stdin/stdout
     (no fn_name, every input a string) or call-style (fn_name, every input a list of arguments).
     Anything else (list inputs without fn_name, fn_name with inputs that are not lists, numbers,
     objects, null or booleans as stdin) would load and score a correct program 0, so it is refused

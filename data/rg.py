@@ -4,7 +4,8 @@
     rows = load_problems("rg:chain_sum?min_digits=2&max_digits=2", "test")
 
 Each row's ground truth is JSON {"dataset", "config", "entry"}, what reward.py needs to run the
-data set's own checker; every row also carries the shot pool in row["shots"] (loaders choice 8).
+data set's own checker; every row also carries the shot pool in row["shots"] (for the "fewshot"
+template of data/loaders.py).
 
 Choices:
 1. The keys of a name are the data set's config fields (values read as Python literals, else

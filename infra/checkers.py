@@ -55,7 +55,7 @@ def _checker(kind):
         def judge(gold, answer, limit):
             return verify(gold_cache(gold), parse_boxed(answer), timeout_seconds=None)
         return judge
-    import reasoning_gym  # kind == "rg" (reward.py choice 6)
+    import reasoning_gym  # kind == "rg" (reward.py's rg task: score_answer, binary)
     # one data set object per (name, config); seed and size do not matter to score_answer
     make = functools.lru_cache(64)(
         lambda name, cfg: reasoning_gym.create_dataset(name, **json.loads(cfg)))
@@ -63,7 +63,7 @@ def _checker(kind):
     def judge(gold, answer, limit):
         g = json.loads(gold)
         data_set = make(g["dataset"], json.dumps(g["config"], sort_keys=True))
-        # full credit only (reward.py choice 6)
+        # full credit only: rewards stay binary though some scores give partial credit
         return data_set.score_answer(answer, g["entry"]) >= 1.0
     return judge
 

@@ -1,6 +1,6 @@
 """
-The transformers engine behind rollout.py's `--backend hf` (its choice 7): transformers.generate
-on the training model itself, with the same sampling and the same RolloutBatch as the vLLM engine.
+The transformers engine behind rollout.py's `--backend hf`: transformers.generate on the
+training model itself, with the same sampling and the same RolloutBatch as the vLLM engine.
 
     engine = HFRollout("data/tiny/model", max_model_len=256, policy=model)   # rollout.make_engine
     batch = engine.generate(prompt_ids, n=8, max_tokens=32)   # sync_weights, sleep: nothing to do
@@ -15,7 +15,7 @@ from infra.vllm_engine import RolloutBatch, engine_dtype   # the same batch, the
 
 
 class HFRollout:
-    """transformers.generate on the policy itself (rollout.py choice 7): for machines without vLLM
+    """transformers.generate on the policy itself (`--backend hf`): for machines without vLLM
     (a laptop GPU, ROCm, Apple silicon, a locked-down cluster image). vLLM is the fast path.
 
     `policy`: the training model (as accelerate prepared it), shared, so there is no second copy

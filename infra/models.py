@@ -1,7 +1,8 @@
 """Loading what setup() trains and compares against: the tokenizer, the policy, the reference.
 
 1. The policy trains in float32 (the paper's AdamW states; vLLM samples in its own dtype,
-   rollout.py choice 4) with the KV cache off (every forward pass is a full sequence).
+   bfloat16 on GPUs: vllm_engine.engine_dtype) with the KV cache off (every forward pass is a
+   full sequence).
 2. Under --lora_rank only peft's adapters train (infra/lora.py); the caller's optimizer takes the
    parameters that require a gradient.
 3. --kl_coef's reference: under LoRA without --ref_model, the policy itself with its adapters off

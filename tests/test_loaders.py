@@ -126,7 +126,7 @@ def test_gsm8k_main_config_answer_after_hashes(tmp_path):
 
 def test_gsm8k_ground_truth_follows_the_last_hashes(tmp_path):
     """A worked answer that writes "####" before its final line: the ground truth is the number
-    after the last one (choice 10), not the text after the first."""
+    after the last one (data/loaders.py's _gsm8k), not the text after the first."""
     rows = [{"question": "Tom has 3 boxes of 6 pens. How many pens?",
              "answer": "Boxes #### pens: 3 * 6 = <<3*6=18>>18.\n#### 18"}]
     write_parquet(tmp_path / "gsm8k" / "main" / "train-00000-of-00001.parquet", rows)

@@ -33,7 +33,7 @@ must be exactly the same, the others agree to 1e-5 relative. No peer formula is 
 
 Conventions that differ (values are compared only where they agree: sapo on both, verl's geo_mean):
 - Loss value: TRL/verl report -min(rA, clip(r)A) (cispo, DPPO: -sg(w) A log pi); we report -A r for
-  every token (gppo.py choice 2). Gradients are compared everywhere.
+  every token (gppo.py: comparable across cells). Gradients are compared everywhere.
 - TRL's grpo/sapo/luspo average over all B rows, ours over rows with a token: no empty row for TRL.
 - SAPO batches keep r in [0.2, 5]: our float32 1 - sigmoid loses digits beyond (r = 7.8: 8e-5 relative;
   r > ~17: the gate's gradient weight, below 1e-6, rounds to 0).

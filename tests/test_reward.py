@@ -93,7 +93,7 @@ def math_scores(cases, **kw):
 
 
 def test_math_several_boxes_in_a_row_are_one_answer():
-    # reward.py choice 10: boxes that only punctuation, "and"/"or" or spacing separate are joined
+    # reward.final_boxed: boxes that only punctuation, "and"/"or" or spacing separate are joined
     right = [("So \\boxed{(1,2)}, \\boxed{(2,1)}.", "(1,2), (2,1)"),
              ("the roots are $\\boxed{-2}$ and $\\boxed{1}$.", "1, -2"),
              ("\\[ \\boxed{3} \\quad \\text{or} \\quad \\boxed{\\frac{2}{5}} \\]", "\\frac25, 3"),
@@ -126,7 +126,7 @@ def test_math_final_answer_sentence_wins_over_an_earlier_box():
 
 
 def test_math_number_forms():
-    # reward.py choice 11: thousands separated by a space, mixed numbers, a complex product
+    # reward._number_forms/_LONE_I: thousands separated by a space, mixed numbers, a complex product
     right = [("Answer: 1 000", "1000"), ("Answer: 1\\,000", "1000"), ("Answer: 1{,}000", "1000"),
              ("Answer: 12,\\!000,\\!023", "12000023"), ("Answer: 1 234 567", "1234567"),
              ("Answer: 1 1/2", "\\frac{3}{2}"), ("Answer: 2\\frac{1}{4}", "9/4"),

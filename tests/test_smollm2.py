@@ -165,7 +165,8 @@ SPEC = ("rg:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&a
 def test_one_training_iteration_then_eval(model_dir, tmp_path):
     """train.py on the real model (chat template, 49k vocabulary, bf16 sampler beside the fp32
     trainer): finite metrics and a measured trainer-vLLM gap; then eval.py scores the result. The
-    bf16 engines start on the fp32 folders without vLLM's warning per tensor (rollout.py choice 4)."""
+    bf16 engines start on the fp32 folders without vLLM's warning per tensor (the weights come by
+    the weight sync)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "train.py", f"@{ROOT / 'configs' / 'smollm2_cpu.args'}", "--model",

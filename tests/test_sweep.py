@@ -363,7 +363,8 @@ def test_task_rare_runs_on_data_tiny_rare(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# learning speed (bench/stats.iters_to_reward, auc): iterations to a train reward, area under the held-out avg@k curve
+# learning speed (stats.iters_to_reward, auc): iterations to a train reward, area under the held-out
+# avg@k curve
 
 def test_iters_to_reward_first_crossing_and_never_reached():
     hist = [dict(iter=i + 1, reward_mean=r) for i, r in enumerate([0.1, 0.49, 0.5, 0.3, 0.7])]

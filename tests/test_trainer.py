@@ -196,7 +196,7 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_bf16_engine_on_an_fp32_folder_loads_quietly_what_a_bf16_folder_holds(tiny, prompts, tmp_path):
-    """rollout.py choice 4: the fp32 folder (as SmolLM2's) under a bf16 engine gets its weights
+    """The fp32 folder (as SmolLM2's) under a bf16 engine gets its weights
     cast through the weight sync: none of vLLM's per-tensor dtype warnings, no layer left with its
     placeholder weights (the tied LM head included), and the engine samples exactly what an engine
     started on a bf16 copy of the folder (loaded by vLLM itself, no cast) samples."""
