@@ -2,7 +2,7 @@
 The proximal region of every cell, {r > 0 : |D(r)| <= delta} per token, as bounds on r = pi/mu:
 what the region table (`python bench/regions.py`) and the plot
 (bench/plot_regions.py) show, and what the tests check the loss's mask against. Not on the
-training path: the loss never computes a bound (gppo.py choice 1).
+training path: the loss never computes a bound (gppo.py: the clip is a mask).
 
     python bench/regions.py          # every cell's region at a few mu, and the alpha family's
 """

@@ -1,6 +1,6 @@
 """infra/distributed.py under DDP (two processes, gloo on the CPU): which passes all-reduce.
 
-DDP's gradient all-reduce must run at a step's last micro-batch only (gradient_sync, choice 2): the
+DDP's gradient all-reduce must run at a step's last micro-batch only (infra.distributed.gradient_sync): the
 earlier passes accumulate locally, and the last one's backward all-reduces the sum. A run that
 all-reduced at the others instead would leave each rank with its own last pass unreduced. This
 file, run as a script under `accelerate launch --num_processes 2`, registers a DDP communication

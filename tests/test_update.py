@@ -164,7 +164,7 @@ def test_minibatches_are_the_same_for_any_process_count(world):
 
 @pytest.mark.parametrize("method", ["kl-atomic", "gspo", "clip_cov"])
 def test_micro_batching_does_not_change_the_update(sampled, method):
-    """The summed micro-batch gradients are the whole mini-batch's (gppo.py choice 6): every step's
+    """The summed micro-batch gradients are the whole mini-batch's (gppo.aggregate's global_count): every step's
     gradient agrees to float32 rounding. (Weights are not compared: AdamW's first step moves a weight by
     about lr * sign(g) even where g is 1e-12, so rounding-level differences show up as lr-sized ones.)"""
     flags = ["--method", method] if method != "kl-atomic" else []
