@@ -12,7 +12,8 @@ One iteration, in the order main() runs it (the loop's comments use the same num
 3. The log-probs of the proximal policy, which the region bounds pi against: the trainer's own
    before any update (the default: the ratio is exactly 1 at the first step; at K = 0 the weights
    that sampled), or mu's as vLLM recorded them (`--mu_source vllm`: mu is the proximal policy).
-4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), on every token.
+4. GRPO's group-relative advantage (R - mean_group) / (std_group + 1e-6), on every token
+   (`--advantage`: rloo, dr_grpo or reinforce instead; gppo.ADVANTAGES).
 5. `epochs` passes in mini-batches of `prompts_per_update` prompts, one AdamW step each (the
    paper: 128/16 = 8 steps, 1 epoch), on gppo.py's loss over the *whole* mini-batch (all
    micro-batches and ranks: the same samples give the same update at any process count). The
@@ -81,11 +82,16 @@ def parser():
     g.add_argument("--estimator", default="atomic", choices=flags.Names("gppo.ESTIMATORS"),
                    metavar="NAME", help="D(r): %(choices)s")
     g.add_argument("--delta", type=float, help="region size (default: mc's lower bound is 0.8)")
-    g.add_argument("--ratio_bounds", default="0.5,10", help="'low,high' or 'none': ratio bounds")
-    g.add_argument("--dual_clip", default="10", help="no gradient if A<0 and ratio > it; 'none'")
+    g.add_argument("--ratio_bounds", default="0.5,10", type=flags.numbers_or_none(2),
+                   help="'low,high' or 'none': ratio bounds")
+    g.add_argument("--dual_clip", default="10", type=flags.numbers_or_none(1),
+                   help="no gradient if A<0 and ratio > it; 'none'")
     g.add_argument("--agg", default=None, choices=flags.Names("gppo.AGGS"), metavar="AGG", help=
                    "%(choices)s (default: token-mean for the grid, each baseline's own otherwise)")
     g.add_argument("--loss_kwargs", default="", help="a baseline's other keywords, 'k=v,k=v'")
+    g.add_argument("--advantage", default="grpo", choices=flags.Names("gppo.ADVANTAGES"),
+                   metavar="NAME", help="gppo.ADVANTAGES: grpo (R - mean_group) / std_group, "
+                   "rloo (leave-one-out), dr_grpo (R - mean_group), reinforce (R - batch mean)")
     g = p.add_argument_group("sampling and optimisation")
     g.add_argument("--iters", type=int, default=60, help="RL iterations")
     g.add_argument("--prompts_per_iter", type=int, default=64, help="P: prompts per iteration")
@@ -146,14 +152,14 @@ def algorithm_settings(args):
     args.agg = args.agg or inspect.signature(loss).parameters["agg"].default
     if args.lora_alpha is None:   # LoRA's scale alpha / rank: 2 unless set
         args.lora_alpha = 2.0 * args.lora_rank
-    args.ratio_bounds = None if args.ratio_bounds == "none" else \
-        tuple(float(x) for x in args.ratio_bounds.split(","))
-    args.dual_clip = None if args.dual_clip == "none" else float(args.dual_clip)
-    if grid:   # the region checked; delta defaulted once (mc's lower bound 0.8, 4.1) and kept
-        try:   # a name, or a family's name and parameter ("alpha:0.5")
-            gppo.get_divergence(args.divergence)
-        except ValueError as e:
-            raise ValueError(f"--divergence={args.divergence!r}: {e}") from None
+    if grid:   # the region checked, one setting at a time so that a refusal names its flag;
+        for flag in ("divergence", "delta", "ratio_bounds", "dual_clip"):   # (estimator, agg:
+            try:                                                            # argparse's choices)
+                gppo.check_config(args.divergence, "mc", **({} if flag == "divergence" else
+                                                            {flag: getattr(args, flag)}))
+            except ValueError as e:
+                raise flags.FlagError(f"--{flag}={getattr(args, flag)!r}: {e}") from None
+        # delta defaulted once (the mc region's lower bound at 0.8, paper 4.1) and kept
         args.delta = gppo.check_config(args.divergence, args.estimator, args.delta,
                                        args.ratio_bounds, args.dual_clip, args.agg)
     # --loss_kwargs: the loss's other keywords (not its tensors, nor what has a flag of its own)
@@ -166,7 +172,8 @@ def algorithm_settings(args):
         one = torch.zeros(1, 2)
         chosen_loss(args)(one, one, torch.ones(1), torch.ones(1, 2, dtype=torch.bool))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"--loss_kwargs={args.loss_kwargs!r} for {loss.__name__}: {e}") from None
+        raise flags.FlagError(f"--loss_kwargs={args.loss_kwargs!r} for {loss.__name__}: {e}") \
+            from None
     args.cell = f"{args.divergence}-{args.estimator}" if grid else args.objective
     return args
 
@@ -182,8 +189,16 @@ def chosen_loss(args):
     return functools.partial(gppo.BASELINES[args.objective], agg=args.agg, **args.loss_kwargs)
 
 
-if __name__ == "__main__":   # a mistyped flag or -h is answered here, before the ~13 s of imports
-    parser().parse_args()
+def refuse(error):
+    """A refused flag value in argparse's form: usage, "train.py: error: ...", exit status 2."""
+    parser().error(str(error))
+
+
+if __name__ == "__main__":   # a mistyped flag, a value out of range or -h is answered here,
+    try:                     # before the ~13 s of imports
+        flags.check(parser().parse_args())
+    except flags.FlagError as e:
+        refuse(e)
 
 # the heavy imports (torch, transformers, accelerate, vLLM's through rollout.py), after the flags
 import torch
@@ -238,10 +253,8 @@ def setup(args):
     acc = make_accelerator(args)   # also: FSDP on the CPU, head precision, threads, seeds
     rank, world = acc.process_index, acc.num_processes
     tok, pad_id = load_tokenizer(args.model)   # infra/models.py: the loading of models
-    limit = args.max_model_len - args.max_new_tokens
-    rows = load_rows(args.train_data, "train", args.data_dir, args.template, tok, limit)
-    eval_rows = load_rows(args.eval_data, "test", args.data_dir, args.template, tok, limit) \
-        if args.eval_data else []
+    rows, eval_rows = load_data(args, "train_data", "train", tok), load_data(args, "eval_data",
+                                                                             "test", tok)
     log = (lambda *a: print(*a, flush=True)) if acc.is_main_process else (lambda *a: None)
     steps = args.prompts_per_iter // args.prompts_per_update * args.epochs
     log(f"{args.cell}: {len(rows)} train prompts | {steps} updates/iter | {world} process(es) | "
@@ -268,6 +281,16 @@ def setup(args):
     if args.async_lag:   # the batches sampled ahead go into every checkpoint
         acc.register_for_checkpointing(run.rollouts)
     return run
+
+
+def load_data(args, flag, split, tok):
+    """The rows of --train_data or --eval_data ([] if empty); one that does not load (an unknown
+    name, a missing or malformed file) is refused naming the flag."""
+    try:
+        return load_rows(getattr(args, flag), split, args.data_dir, args.template, tok,
+                         args.max_model_len - args.max_new_tokens) if getattr(args, flag) else []
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+        raise flags.FlagError(f"--{flag}={getattr(args, flag)!r}: {e}") from None
 
 
 @dataclass
@@ -377,14 +400,15 @@ def proximal_logprobs(args, model, batch, pad_id, device):
 
 def advantages(args, rewards, batch):
     """(shaped rewards, advantages, kept samples), each (P*G,). Shaped: the reward less DAPO's
-    overlong penalty under --overlong punish; advantages: GRPO's group-relative
-    (R - mean_group) / (std_group + 1e-6) of the shaped rewards."""
+    overlong penalty under --overlong punish; advantages: gppo.ADVANTAGES[--advantage] of the
+    shaped rewards (grpo, the default: (R - mean_group) / (std_group + 1e-6))."""
     shaped = rewards
     if args.overlong == "punish":
         lengths = [len(c) for c in batch.completion_ids]
         shaped = rewards - torch.tensor(reward.overlong_penalty(
             lengths, args.max_new_tokens, args.overlong_buffer))
-    return shaped, gppo.group_advantages(shaped, args.group_size), kept_samples(args, shaped, batch)
+    adv = gppo.ADVANTAGES[args.advantage](shaped, args.group_size)
+    return shaped, adv, kept_samples(args, shaped, batch)
 
 
 def kept_samples(args, shaped, batch):
@@ -536,8 +560,11 @@ def update(args, run, samples, batches, it):
 # the loop ----------------------------------------------------------------------------------------
 
 def main(argv=None):
-    args = parse_args(argv)
-    run = setup(args)
+    try:   # a refused value (at parse time, or once the launch, the model and data are known)
+        args = parse_args(argv)
+        run = setup(args)
+    except flags.FlagError as e:
+        refuse(e)
     acc, ckpt_dir = run.acc, os.path.join(args.out_dir, "checkpoints")
     prepare_out_dir(args, acc.is_main_process)
     start, history = 0, []

@@ -22,11 +22,15 @@ import re
 import shutil
 import signal
 
-from infra.flags import run_neutral
+from infra.flags import FlagError, run_neutral
 from infra.lora import is_lora, policy_weights
 
 RUN_FILES = ("metrics.jsonl", "checkpoints", "final", "adapter", "eval.json", "eval_start.json",
              "dynamics.png")
+
+
+class RunFolderInUse(FlagError, FileExistsError):
+    """--out_dir holds an earlier run and neither --resume nor --overwrite says what to do."""
 
 
 def check_out_dir(args):
@@ -35,7 +39,7 @@ def check_out_dir(args):
     earlier = [n for n in ("metrics.jsonl", "checkpoints")
                if os.path.exists(os.path.join(args.out_dir, n))]
     if earlier and not args.resume and not args.overwrite:
-        raise FileExistsError(
+        raise RunFolderInUse(
             f"--out_dir {args.out_dir} already holds a run ({', '.join(earlier)}); continue it "
             "with --resume, start it afresh with --overwrite (deletes its files), or pick another "
             "--out_dir")
@@ -161,7 +165,7 @@ def load_checkpoint(args, acc, ckpt_dir):
     if changed and not args.resume_with_changes:
         why = f" (the lr schedule {state['args']['lr_schedule']} decays over the run's --iters: " \
             "another value reshapes the rest of it)" if "iters" in changed else ""
-        raise ValueError(f"--resume: {path} was made with other flags: "
+        raise FlagError(f"--resume: {path} was made with other flags: "
                          + ", ".join(f"--{k} {a!r} (now {b!r})" for k, (a, b) in changed.items())
                          + why + "; pass --resume_with_changes to continue anyway")
     acc.load_state(path)

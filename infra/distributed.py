@@ -18,6 +18,8 @@ from accelerate import Accelerator
 from accelerate.state import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+from infra.flags import FlagError
+
 
 def make_accelerator(args):
     """The run's Accelerator, with what depends on the launch set once: FSDP on the CPU, the
@@ -45,10 +47,10 @@ def make_accelerator(args):
 def check_world(args, world):
     """The flags that depend on the process count, checked once the launch is known."""
     if args.tensor_parallel_size > 1 and world > 1:   # each rank samples with its own engine
-        raise ValueError(f"--tensor_parallel_size={args.tensor_parallel_size}; accepted: 1 when "
+        raise FlagError(f"--tensor_parallel_size={args.tensor_parallel_size}; accepted: 1 when "
                          f"{world} training processes each run an engine")
     if args.prompts_per_update % world:
-        raise ValueError(f"--prompts_per_update={args.prompts_per_update}; accepted: a multiple "
+        raise FlagError(f"--prompts_per_update={args.prompts_per_update}; accepted: a multiple "
                          f"of the {world} processes")
 
 

@@ -3,7 +3,10 @@ checks of every flag. train.py declares the algorithm's flags and resolves what 
 method's cell, the aggregation, delta, the bounds, --loss_kwargs); this module adds the rest and
 checks every value's range at parse time, before anything is loaded.
 
-1. Every bad value fails here with the value and what is accepted (`bad`), not mid-run.
+1. Every bad value fails here with the value and what is accepted (`bad`), not mid-run, as a
+   FlagError: train.py and eval.py answer it in argparse's form (usage, "error: ...", exit
+   status 2) without a traceback; a value only the launch or the loaded files can refuse (the
+   process count, a model folder, a data set) raises it too, at load time.
 2. `RUN_NEUTRAL`: the flags that do not change what a run computes, so --resume may continue with
    other values of them (every other flag must match the checkpoint's).
 3. Declaring the flags imports nothing heavy: the names a flag accepts from gppo.py's tables are
@@ -11,8 +14,10 @@ checks every value's range at parse time, before anything is loaded.
    of a second, before its imports. The tables are named by the caller ("gppo.METHODS"): this
    module imports neither gppo.py nor data/.
 """
+import argparse
 import ast
 import importlib
+import os
 import re
 
 # Flags that do not change what a run computes: --resume may continue with other values. --iters
@@ -113,8 +118,55 @@ def add_run_flags(p, probes):
                    help="autocast of the policy's forward/backward (default: accelerate's config)")
 
 
+def numbers_or_none(n):
+    """An argparse `type`: 'none' -> None, else n comma-separated numbers (a float when n = 1,
+    else a tuple); anything else is argparse's error, naming the flag."""
+    def parse(text):
+        if text == "none":
+            return None
+        try:
+            values = tuple(float(x) for x in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) != n:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}; accepted: {'a number' if n == 1 else f'{n} numbers, comma-separated'}"
+                " or 'none'")
+        return values[0] if n == 1 else values
+    return parse
+
+
+class FlagError(ValueError):
+    """A flag's value refused: the message names the flag, the value and what is accepted."""
+
+
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")    # namespace/name, as the hub spells a repo
+FETCH = "hf download {name} --local-dir {folder}"
+
+
+def check_model(flag, name, error=None):
+    """Refuse `name` (the value of --flag): a path that is no folder, or a folder or hub name that
+    did not load (`error`: what transformers raised), with what is accepted and how to fetch."""
+    accepted = ("accepted: a model folder (config.json, weights, tokenizer) or a hub name such as "
+                f"HuggingFaceTB/SmolLM2-135M-Instruct (`{FETCH.format(name='NAME', folder='DIR')}`"
+                " fetches one where there is a network)")
+    if os.path.isdir(name):
+        if error is None:
+            return
+        raise FlagError(f"--{flag}={name!r}: a folder without a loadable model ({error}); "
+                        f"{accepted}")
+    if HUB_NAME.fullmatch(name):
+        if error is None:
+            return   # transformers fetches it, or finds it in its cache
+        folder = os.path.join("models", name.split("/")[1])
+        raise FlagError(f"--{flag}={name!r}: no such folder here, and the hub name could not be "
+                        f"loaded ({type(error).__name__}); fetch it where there is a network with "
+                        f"`{FETCH.format(name=name, folder=folder)}` and pass --{flag} {folder}")
+    raise FlagError(f"--{flag}={name!r}: no such folder; {accepted}")
+
+
 def bad(args, flag, accepted):
-    raise ValueError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
+    raise FlagError(f"--{flag}={getattr(args, flag)!r}; accepted: {accepted}")
 
 
 def check(args):
@@ -170,6 +222,9 @@ def check(args):
                 bad(args, flag, f"{why} with --async_lag {args.async_lag}")
     if args.resume and args.overwrite:
         bad(args, "overwrite", "unset with --resume (one continues the run, the other deletes it)")
+    for flag in ("model", "ref_model"):   # a path must be a folder (a hub name loads later)
+        if getattr(args, flag):
+            check_model(flag, getattr(args, flag))
     return args
 
 
@@ -181,11 +236,11 @@ def keyword_values(flag, text, owner, settable, own):
         key, eq, value = (x.strip() for x in item.partition("="))
         if not eq or key not in settable:
             hint = f" (it has its own flag, {own[key]})" if key in own else ""
-            raise ValueError(f"--{flag}: {item!r}{hint}; accepted keys of {owner}: "
+            raise FlagError(f"--{flag}: {item!r}{hint}; accepted keys of {owner}: "
                              f"{', '.join(settable) or 'none'}, as key=value")
         try:
             values[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            raise ValueError(f"--{flag}: {key}={value!r} is not a Python literal "
+            raise FlagError(f"--{flag}: {key}={value!r} is not a Python literal "
                              "(number, None, tuple)") from None
     return values

@@ -18,6 +18,7 @@ from accelerate.utils import extract_model_from_parallel
 from peft.tuners.lora import LoraLayer
 
 from infra.distributed import full_tensor
+from infra.flags import FlagError
 
 
 def add_adapters(model, args):
@@ -29,7 +30,7 @@ def add_adapters(model, args):
         args.lora_target_modules.split(",")
     missing = [t for t in targets if t not in linear] if targets != "all-linear" else []
     if missing:
-        raise ValueError(f"--lora_target_modules={args.lora_target_modules!r}: the model has no "
+        raise FlagError(f"--lora_target_modules={args.lora_target_modules!r}: the model has no "
                          f"linear layer named {', '.join(missing)}; it has {', '.join(linear)} "
                          "(or 'all-linear')")
     config = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, task_type="CAUSAL_LM",

@@ -7,19 +7,25 @@
    parameters that require a gradient.
 3. --kl_coef's reference: under LoRA without --ref_model, the policy itself with its adapters off
    (no second copy, as TRL); otherwise --ref_model (default --model) loaded frozen.
+4. A --model that is a folder without a model, or a hub name that does not load, is refused when
+   its tokenizer loads, naming the flag and the command that fetches a hub name (infra/flags.py
+   check_model; a path that is no folder was refused with the other flags).
 """
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from infra.flags import FlagError, check_model
 from infra.lora import add_adapters
 
-
-def load_tokenizer(model_dir):
+def load_tokenizer(model_dir, flag="model"):
     """(tokenizer, pad id): the pad token, or EOS where there is none (Llama's tokenizers)."""
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:   # not a folder with a tokenizer, nor a reachable hub name
+        check_model(flag, model_dir, e)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if pad_id is None:
-        raise ValueError(f"--model={model_dir!r}: its tokenizer has neither a pad nor EOS token")
+        raise FlagError(f"--{flag}={model_dir!r}: its tokenizer has neither a pad nor EOS token")
     return tok, pad_id
 
 
@@ -36,5 +42,9 @@ def load_reference(args, acc, policy):
         return None
     if args.lora_rank and not args.ref_model:
         return acc.unwrap_model(policy)
-    ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model, dtype=torch.float32)
+    try:
+        ref = AutoModelForCausalLM.from_pretrained(args.ref_model or args.model,
+                                                   dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        check_model("ref_model" if args.ref_model else "model", args.ref_model or args.model, e)
     return acc.prepare_model(ref.eval().requires_grad_(False), evaluation_mode=True)

@@ -26,6 +26,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from accelerate.utils import gather_object
 
+from infra.flags import FlagError
+
 
 class Prefetch:
     def __init__(self, lag, restore, acc):
@@ -78,7 +80,7 @@ class Prefetch:
     def load_state_dict(self, state):
         ranks = state["ranks"]
         if len(ranks) != self.acc.num_processes or state["lag"] != self.lag:
-            raise ValueError(f"--resume: the checkpoint holds the in-flight batches of "
+            raise FlagError(f"--resume: the checkpoint holds the in-flight batches of "
                              f"--async_lag {state['lag']} over {len(ranks)} process(es); resume "
                              f"with the same (now {self.lag} over {self.acc.num_processes})")
         self.pending = {}

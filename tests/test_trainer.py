@@ -259,7 +259,7 @@ def test_train_two_iterations_end_to_end(tiny, tmp_path):
 # 5. the CLI refuses bad names and values, before any model is loaded
 
 def test_train_refuses_bad_arguments_before_loading(tmp_path):
-    # Through train.py: --model points nowhere and --out_dir must stay uncreated: reaching model
+    # Through train.py: --model is a folder without a model and --out_dir must stay uncreated: reaching model
     # loading (or main()'s work) would fail differently, so the message check below also proves
     # the early exit (argparse's own refusals, and one of the flag checks). The runs go in
     # parallel: each is only the imports (~5 s) and argument checks.
@@ -269,7 +269,8 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
     procs = []
     for i, (flags, _) in enumerate(cases):
         out = tmp_path / f"out{i}"
-        cmd = [PY, "train.py", "--model", str(tmp_path / "no-such-model"), "--out_dir", str(out), *flags]
+        (tmp_path / "not-a-model").mkdir(exist_ok=True)   # a folder: refused only when loaded
+        cmd = [PY, "train.py", "--model", str(tmp_path / "not-a-model"), "--out_dir", str(out), *flags]
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True), out))
     for (flags, words), (proc, out) in zip(cases, procs):
@@ -278,7 +279,7 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
         last = text.strip().splitlines()[-1]              # the exception line
         for w in words:
             assert w in last, f"{flags}: {w!r} not in {last!r}"
-        assert "no-such-model" not in text and not out.exists(), f"{flags} got past argument checks"
+        assert "not-a-model" not in text and not out.exists(), f"{flags} got past argument checks"
     # the rest of the flag checks, in-process: train.parse_args is what main() calls first
     import train
     for flags, words in [(["--divergence", "alpha:x"], ["--divergence", "'alpha:x'", "not a number", "alpha:A"]),
@@ -293,6 +294,32 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
             train.parse_args(flags)
         for w in words:
             assert w in str(e.value), f"{flags}: {w!r} not in {e.value}"
+
+
+def test_a_refused_value_reads_as_argparse_error_not_a_crash(tiny, tmp_path):
+    """A value out of range, refused at parse time (before the heavy imports or after them) or at
+    load time (a LoRA target the model lacks, a missing model folder), ends as argparse's errors
+    do: usage, then `train.py: error: --flag=value; accepted: ...`, exit status 2, no traceback."""
+    model = str(tiny / "model")
+    cases = [(["--prompts_per_update", "7", "--prompts_per_iter", "16"],
+              "--prompts_per_iter=16; accepted: a multiple of --prompts_per_update=7"),
+             (["--warmup_steps", "-1"], "--warmup_steps=-1; accepted: 0 to the run's"),
+             (["--async_lag", "2", "--sleep_mode"], "--sleep_mode=True; accepted: unset"),
+             (["--model", "/nonexistent/x"], "--model='/nonexistent/x': no such folder; accepted: a "
+              "model folder"),
+             (["--delta", "-1"], "--delta=-1.0: delta must be a number > 0"),
+             (["--ratio_bounds", "0.5"], "argument --ratio_bounds: '0.5'; accepted: 2 numbers"),
+             (["--model", model, "--lora_rank", "2", "--lora_target_modules", "q_proj,nope"],
+              "--lora_target_modules='q_proj,nope': the model has no linear layer named nope")]
+    procs = [subprocess.Popen([PY, "train.py", "--out_dir", str(tmp_path / f"o{i}"),
+                               *(["--backend", "hf"] if "--lora_rank" in flags else []), *flags], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i, (flags, _) in enumerate(cases)]
+    for (flags, says), proc in zip(cases, procs):
+        _, err = proc.communicate(timeout=300)
+        lines = err.strip().splitlines()
+        assert proc.returncode == 2 and "Traceback" not in err, f"{flags}: {proc.returncode}\n{err[-3000:]}"
+        assert lines[-2].startswith("usage: python train.py"), f"{flags}: {lines[-2:]}"
+        assert lines[-1].startswith(f"train.py: error: {says}"), f"{flags}: {lines[-1]!r}"
 
 
 def test_a_mistyped_flag_is_refused_before_the_heavy_imports():
