@@ -178,6 +178,32 @@ def group_advantages(rewards, G):
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
 
 
+def rloo_advantages(rewards, G):
+    """RLOO's leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics:
+    Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs"):
+    R_i - the mean of its group's other G - 1 rewards. (P*G,) -> (P*G,)"""
+    r = rewards.view(-1, G)
+    return (r - (r.sum(1, keepdim=True) - r) / (G - 1)).view(-1)
+
+
+def dr_grpo_advantages(rewards, G):
+    """Dr. GRPO's unscaled advantage (Liu et al. 2025, "Understanding R1-Zero-Like Training: A
+    Critical Perspective"): R - mean_group, no division by the group's std. (P*G,) -> (P*G,)"""
+    r = rewards.view(-1, G)
+    return (r - r.mean(1, keepdim=True)).view(-1)
+
+
+def reinforce_advantages(rewards, G):
+    """Plain REINFORCE with a batch-mean baseline (Williams 1992): R - the mean over the whole
+    batch; G is unused. (P*G,) -> (P*G,)"""
+    return rewards - rewards.mean()
+
+
+# --advantage NAME (train.py): every entry maps (rewards (P*G,), G) -> advantages (P*G,)
+ADVANTAGES = {"grpo": group_advantages, "rloo": rloo_advantages, "dr_grpo": dr_grpo_advantages,
+              "reinforce": reinforce_advantages}
+
+
 def _lookup(table, key, kind):
     if key not in table:
         raise ValueError(f"unknown {kind} {key!r}; expected one of {', '.join(table)}")

@@ -1,11 +1,13 @@
 """The README's how-tos, done as a reader would: add a divergence (Neyman chi^2) and a baseline (clipped-IS
 REINFORCE) with the code the README shows, and check that they reach every place that reads the registries
 (default_delta, all three estimators, proximal_bounds, train.py's flags and loss); use a divergence with a
-parameter (alpha:0.5) and add a family (the README's chi^k, executed from README.md). The JSONL how-to, a
+parameter (alpha:0.5) and add a family (the README's chi^k, executed from README.md); add an advantage
+estimator (the README's REINFORCE++-baseline, executed from README.md, through --advantage). The JSONL how-to, a
 task from a file, is tests/test_tasks.py::test_howto_word_reversal_from_jsonl (its code-task rows:
 tests/test_loaders.py)."""
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -125,3 +127,20 @@ def test_divergence_with_a_parameter(monkeypatch):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match=r"'chi:0\.5'.*\[1, 10\], got 0\.5"):
         gppo.check_config("chi:0.5", "mc")
+
+
+def test_another_advantage_estimator(monkeypatch):
+    # README "Another advantage estimator": REINFORCE++-baseline's, run as written there
+    monkeypatch.setattr(gppo, "ADVANTAGES", dict(gppo.ADVANTAGES))
+    exec(readme_block("def reinforce_pp_advantages(rewards, G):"), {"ADVANTAGES": gppo.ADVANTAGES})
+    args = train.parse_args(["--advantage", "reinforce_pp", "--group_size", "3"])
+    assert args.advantage == "reinforce_pp"
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    short = SimpleNamespace(completion_ids=[[1]] * 6, truncated=[False] * 6)   # no overlong penalty
+    shaped, adv, _ = train.advantages(args, rewards, short)
+    # R - mean_group = [2, -1, -1, 1, 1, -2] / 3, its unbiased std over the batch sqrt(4/15)
+    want = torch.tensor([2.0, -1.0, -1.0, 1.0, 1.0, -2.0]) / 3 / (math.sqrt(4 / 15) + 1e-6)
+    torch.testing.assert_close(shaped, rewards)
+    torch.testing.assert_close(adv, want)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--advantage", "reinforce_pq"])
