@@ -43,6 +43,7 @@ import time
 
 import reward
 from data.loaders import load_rows
+from infra import flags
 
 
 def pass_at_k(n, c, k):
@@ -380,15 +381,24 @@ def main():
     if args.max_new_tokens >= args.max_model_len:
         p.error(f"--max_new_tokens={args.max_new_tokens}; accepted: fewer tokens than "
                 f"--max_model_len={args.max_model_len} (prompt and response share it)")
-
-    from transformers import AutoTokenizer
-    from transformers.utils.logging import disable_progress_bar
-    from rollout import make_engine
-    disable_progress_bar()   # transformers' "Loading weights" bars (the HF backend loads a model)
-    t0 = time.time()
-    tok = AutoTokenizer.from_pretrained(args.model)
-    rows = load_rows(args.data, args.split, args.data_dir, args.template, tok,
-                     max_prompt_tokens=args.max_model_len - args.max_new_tokens)
+    for flag in ("k", "max_new_tokens"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag}={getattr(args, flag)}; accepted: an integer >= 1")
+    try:   # refused values in argparse's form, as train.py's (infra/flags.py FlagError)
+        flags.check_model("model", args.model)
+        from transformers.utils.logging import disable_progress_bar
+        from infra.models import load_tokenizer
+        from rollout import make_engine
+        disable_progress_bar()   # transformers' "Loading weights" bars (the HF backend loads one)
+        t0 = time.time()
+        tok, _ = load_tokenizer(args.model)
+        try:
+            rows = load_rows(args.data, args.split, args.data_dir, args.template, tok,
+                             max_prompt_tokens=args.max_model_len - args.max_new_tokens)
+        except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+            raise flags.FlagError(f"--data={args.data!r}: {e}") from None
+    except flags.FlagError as e:
+        p.error(str(e))
     longest = max(len(r["prompt_ids"]) for r in rows)
     engine = make_engine(args.model, backend=args.backend, max_model_len=args.max_model_len,
                          seed=args.seed, dtype=args.dtype, kv_cache_sequences=len(rows) * args.k,

@@ -26,6 +26,9 @@ cd "$(dirname "$0")"
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "no $PY: run 'bash setup.sh' first (or set PY=python)"; exit 1; }
 usage() { sed -n '2,23p' "$0"; exit 2; }
+# a refused value in argparse's form, as train.py's: usage, "run.sh: error: ...", exit status 2
+fail() { echo "usage: bash run.sh DIVERGENCE ESTIMATOR | METHOD | smollm2 | sweep [--flag=value ...]" \
+              "(bash run.sh alone: the help)" >&2; echo "run.sh: error: $*" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 [ "$1" = sweep ] && { shift; exec "$PY" bench/sweep.py "$@"; }   # cells x seeds, resumable
 
@@ -36,19 +39,19 @@ for a in "$@"; do
     case $a in --task) prev=--task; continue ;; --task=*) TASK=${a#*=}; continue ;; esac
     rest+=("$a")
 done
-[ "$prev" != --task ] || { echo "--task needs a value: default or rare"; exit 2; }
+[ "$prev" != --task ] || fail "--task needs a value; accepted: default, rare"
 set -- ${rest[@]+"${rest[@]}"}
 case $TASK in
     default) EVAL=tiny-math,tiny-code; TASK_ARGS=(); SUFFIX=; MODEL_DIR=data/tiny; PREP=() ;;
     rare) EVAL=tiny-rare-math; SUFFIX=-rare; MODEL_DIR=data/tiny_rare; PREP=(--variant rare)
           TASK_ARGS=(--model data/tiny_rare/model --data_dir data/tiny_rare --train_data tiny-rare-math) ;;
-    *) echo "unknown --task $TASK: default or rare"; exit 2 ;;
+    *) fail "--task=$TASK; accepted: default, rare" ;;
 esac
 [ $# -ge 1 ] || usage
 
 # DIVERGENCE ESTIMATOR, or one name that train.py maps through gppo.METHODS / gppo.BASELINES
 if [ "$1" = smollm2 ]; then
-    [ "$TASK" = default ] || { echo "--task $TASK is a task of the embedded model, not of smollm2"; exit 2; }
+    [ "$TASK" = default ] || fail "--task=$TASK; accepted: default with smollm2 (rare is a task of the embedded model)"
     [ -f data/smollm2/model/config.json ] || "$PY" data/smollm2.py       # once: GGUF -> HF folder
     ARGS=(@configs/smollm2_cpu.args); NAME=smollm2; shift
 elif [ $# -ge 2 ] && [[ "$2" != --* ]]; then

@@ -122,6 +122,18 @@ def test_refuses_a_response_budget_at_or_over_the_context(tmp_path):
     assert "Traceback" not in proc.stderr, "refused by the argument check, before touching the model"
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["--model", "/nonexistent/x"], "--model='/nonexistent/x': no such folder; accepted: a model folder"),
+    (["--k", "0"], "--k=0; accepted: an integer >= 1"),
+    (["--data", "nope"], "--data='nope': unknown data set 'nope'; accepted: tiny-math"),
+])
+def test_a_refused_value_reads_as_argparse_error(argv, says):
+    """eval.py's refusals end as argparse's: usage, `eval.py: error: ...`, exit status 2, no traceback."""
+    proc, _ = run([PY, "eval.py", *argv], timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"eval.py: error: {says}"), proc.stderr[-500:]
+
+
 def test_avg_and_pass_at_k_of_k_samples_by_hand(tmp_path):
     """eval.evaluate (train.py's evaluations, through avg_and_pass_at_k, as avg_at_k) on 6 math and
     4 code held-out problems, k = 4 samples each from the committed tiny model (--backend hf,

@@ -165,3 +165,20 @@ def test_run_sh_refuses_unknown_cells(argv, bad, accepted):
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert f"'{bad}'" in text and accepted in text, text
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["kl", "atomic", "--task", "nope"], "run.sh: error: --task=nope; accepted: default, rare"),
+    (["smollm2", "--task=rare"], "run.sh: error: --task=rare; accepted: default with smollm2"),
+    (["kl", "atomic", "--prompts_per_update=7", "--prompts_per_iter=16"],
+     "train.py: error: --prompts_per_iter=16; accepted: a multiple of --prompts_per_update=7"),
+])
+def test_run_sh_refuses_a_value_as_argparse_does(tmp_path, argv, says):
+    """run.sh's own refusals and train.py's end the same way: usage, `<tool>: error: --flag=value;
+    accepted: ...` as the last line, exit status 2, no traceback (train.py's stderr reaches the
+    terminal through run.sh's log, on stdout)."""
+    proc, _ = run(["bash", "run.sh", *argv, f"--out_dir={tmp_path / 'out'}"], timeout=120)
+    text = proc.stdout + proc.stderr
+    lines = text.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in text, text[-2000:]
+    assert lines[-2].startswith("usage:") and lines[-1].startswith(says), lines[-2:]
