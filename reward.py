@@ -504,6 +504,51 @@ def overlong_penalty(lengths, max_tokens, buffer):
     return [min(max(0, n - (max_tokens - buffer)) / buffer, 1.0) for n in lengths]
 
 
+# ----------------------------------------------------------------------------- reward parts
+# A run's reward may be a weighted sum of named parts (train.py --reward correct=1,format=0.1):
+# "correct" is the task's judge (score_rows); every other part is a function of one Completion
+# in PARTS. A part that raises on model output scores 0 there, as a judge does.
+@dataclasses.dataclass
+class Completion:
+    text: str
+    n_tokens: int           # its tokens (EOS included when emitted)
+    truncated: bool         # max_tokens reached before EOS
+    row: dict               # its data-set row ("task", "problem", "ground_truth", ...)
+    max_tokens: int         # the response budget (--max_new_tokens)
+    overlong_buffer: int    # --overlong_buffer
+
+
+def format_part(c):
+    """1 when the completion states its answer in the form its task reads (a final boxed answer
+    or `Answer:` line, a code block), else 0: a format reward, as in DeepSeek-R1's recipe."""
+    return float(get_task(c.row["task"]).extract(c.text) is not None)
+
+
+def length_part(c):
+    """-(tokens / max_tokens), in [-1, 0]: a cost per token (weight it 0.1 for a mild one)."""
+    return -c.n_tokens / c.max_tokens
+
+
+def overlong_part(c):
+    """-(DAPO's soft overlong punishment): 0 up to max_tokens - buffer tokens, then down to -1 at
+    max_tokens (what --overlong punish adds at weight 1)."""
+    return -overlong_penalty([c.n_tokens], c.max_tokens, c.overlong_buffer)[0]
+
+
+PARTS = {"format": format_part, "length": length_part, "overlong": overlong_part}
+
+
+def part_values(name, completions):
+    """PARTS[name] of each completion, 0.0 where it raised on the model's output."""
+    values = []
+    for c in completions:
+        try:
+            values.append(float(PARTS[name](c)))
+        except Exception:   # noqa: BLE001  bad model output scores 0, as judges do
+            values.append(0.0)
+    return values
+
+
 def score_rows(completions, rows, **kw):
     """Rewards for completions of data-set rows ({"task", "ground_truth", ...}; one row per
     completion, tasks mixed): one `score` call per task, results in input order."""

@@ -112,6 +112,9 @@ def parser():
     g.add_argument("--target_kl", type=float, default=0.05, help="skip the iteration's remaining "
                    "steps once a mini-batch's k3 KL(mu || pi) per token exceeds this; 0 = off")
     g = p.add_argument_group("options of mature trainers (the paper uses none)")
+    g.add_argument("--reward", default="correct=1", help="the reward as weighted named parts, "
+                   "'correct=1,format=0.1': correct (the task's judge) and reward.PARTS' "
+                   "(format, length, overlong; --overlong punish adds overlong=1)")
     g.add_argument("--overlong", default="punish", choices=("off", "mask", "punish"),
                    help="truncated responses: kept (the paper), no loss, or DAPO's punishment")
     g.add_argument("--overlong_buffer", type=int, default=4, help="tokens of punish's ramp")
@@ -174,6 +177,15 @@ def algorithm_settings(args):
     except (ValueError, TypeError) as e:
         raise flags.FlagError(f"--loss_kwargs={args.loss_kwargs!r} for {loss.__name__}: {e}") \
             from None
+    # --reward: the reward as a weighted sum of named parts; --overlong punish is DAPO's overlong
+    # punishment as the part "overlong" at weight 1 (unless --reward weighs it)
+    args.reward_weights = flags.keyword_values("reward", args.reward, "reward.PARTS",
+                                               ["correct", *reward.PARTS], {})
+    if not args.reward_weights or not all(isinstance(w, (int, float))
+                                          for w in args.reward_weights.values()):
+        flags.bad(args, "reward", "name=number pairs, comma-separated")
+    if args.overlong == "punish":
+        args.reward_weights.setdefault("overlong", 1.0)
     args.cell = f"{args.divergence}-{args.estimator}" if grid else args.objective
     return args
 
@@ -304,6 +316,7 @@ class Samples:
     tis: list = None        # truncated-IS weight per completion token (1 without --tis_cap)
     start_logp: list = None  # the trainer's at the iteration's start, or None (the vLLM gap)
     rewards: torch.Tensor = None
+    parts: dict = None      # --reward's parts, each (P*G,)
     shaped: torch.Tensor = None
     advantages: torch.Tensor = None
     keep: torch.Tensor = None
@@ -398,15 +411,24 @@ def proximal_logprobs(args, model, batch, pad_id, device):
 
 # 4. advantages -----------------------------------------------------------------------------------
 
-def advantages(args, rewards, batch):
-    """(shaped rewards, advantages, kept samples), each (P*G,). Shaped: the reward less DAPO's
-    overlong penalty under --overlong punish; advantages: gppo.ADVANTAGES[--advantage] of the
-    shaped rewards (grpo, the default: (R - mean_group) / (std_group + 1e-6))."""
-    shaped = rewards
-    if args.overlong == "punish":
-        lengths = [len(c) for c in batch.completion_ids]
-        shaped = rewards - torch.tensor(reward.overlong_penalty(
-            lengths, args.max_new_tokens, args.overlong_buffer))
+def reward_parts(args, rewards, batch, rows=None):
+    """{part: (P*G,)} for each part of --reward: "correct" is step 2's reward (the judge's), every
+    other one reward.PARTS[part] of each completion (rows: one per prompt, G samples each)."""
+    done = [reward.Completion(text, len(ids), cut, rows[i // args.group_size] if rows else None,
+                              args.max_new_tokens, args.overlong_buffer)
+            for i, (text, ids, cut) in enumerate(zip(batch.texts, batch.completion_ids,
+                                                     batch.truncated))]
+    return {name: rewards if name == "correct" else torch.tensor(reward.part_values(name, done))
+            for name in args.reward_weights}
+
+
+def advantages(args, rewards, batch, parts=None):
+    """(shaped rewards, advantages, kept samples), each (P*G,). Shaped: the weighted sum of the
+    reward's parts (reward_parts; by default the judge's reward less DAPO's overlong penalty);
+    advantages: gppo.ADVANTAGES[--advantage] of the shaped rewards (grpo, the default:
+    (R - mean_group) / (std_group + 1e-6))."""
+    parts = reward_parts(args, rewards, batch) if parts is None else parts
+    shaped = sum(w * parts[name] for name, w in args.reward_weights.items())
     adv = gppo.ADVANTAGES[args.advantage](shaped, args.group_size)
     return shaped, adv, kept_samples(args, shaped, batch)
 
@@ -589,8 +611,9 @@ def main(argv=None):
         s.proximal_logp, s.tis, s.start_logp = proximal_logprobs(                    # 3. proximal
             args, run.model, s.batch, run.pad_id, acc.device)
         clock.lap("logp")
-        s.rewards = torch.tensor(scoring.result())
-        s.shaped, s.advantages, s.keep = advantages(args, s.rewards, s.batch)       # 4. adv.
+        s.rewards = torch.tensor(scoring.result())               # the judge's: part "correct"
+        s.parts = reward_parts(args, s.rewards, s.batch, s.rows)
+        s.shaped, s.advantages, s.keep = advantages(args, s.rewards, s.batch, s.parts)  # 4. adv.
         clock.lap("reward")
         upd = update(args, run, s, batches, it)                                      # 5. update
         clock.lap("update")

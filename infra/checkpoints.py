@@ -25,8 +25,8 @@ import signal
 from infra.flags import FlagError, run_neutral
 from infra.lora import is_lora, policy_weights
 
-RUN_FILES = ("metrics.jsonl", "checkpoints", "final", "adapter", "eval.json", "eval_start.json",
-             "dynamics.png")
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "final", "adapter", "eval.json",
+             "eval_start.json", "dynamics.png")
 
 
 class RunFolderInUse(FlagError, FileExistsError):

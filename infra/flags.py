@@ -26,7 +26,7 @@ import re
 # (the next rollout reseeds); the rest are files and speed.
 RUN_NEUTRAL = {"iters", "eval_data", "eval_k", "eval_before", "eval_every", "out_dir", "overwrite",
                "ckpt_every", "keep_last", "resume", "resume_with_changes", "save_rollouts",
-               "threads", "sample_every", "wandb", "answer_probe", "probe_every"}
+               "threads", "sample_every", "samples_every", "wandb", "answer_probe", "probe_every"}
 
 
 def run_neutral(saved):
@@ -81,6 +81,9 @@ def add_run_flags(p, probes):
                    "default; half of it with --async_lag on the CPU)")
     g.add_argument("--sample_every", type=int, default=10,
                    help="print a few completions every N iterations")
+    g.add_argument("--samples_every", type=int, default=10, help="write every completion (prompt, "
+                   "text, reward and its parts, advantage, ...) to samples.jsonl every N "
+                   "iterations and at the last; 0 = never")
     g.add_argument("--eval_k", type=int, default=8, help="k of avg@k for --eval_data")
     g.add_argument("--eval_before", action="store_true",
                    help="also score the start model (eval_start.json)")
@@ -191,7 +194,7 @@ def check(args):
         bad(args, "probe_every", "an integer >= 1")
     if args.answer_probe and not args.eval_data:
         bad(args, "answer_probe", "a probe with --eval_data set (it reads the held-out problems)")
-    for flag in ("ckpt_every", "eval_every"):
+    for flag in ("ckpt_every", "eval_every", "samples_every", "sample_every"):
         if getattr(args, flag) < 0:
             bad(args, flag, "an integer >= 0")
     if args.tis_cap is not None and args.tis_cap <= 0:

@@ -5,7 +5,9 @@ metrics.jsonl / console / wandb writer, and the dynamics plot. README "What each
    whole batch's whatever the process count (ratio_max: the largest of any rank).
 2. The update's statistics are token-weighted sums over its passes (`UpdateLog`), turned into
    means only when the row is made.
-3. One fixed-format console line per iteration, a few sampled completions every --sample_every.
+3. One fixed-format console line per iteration, a few sampled completions every --sample_every,
+   and every completion of the batch (all ranks', gathered) into samples.jsonl every
+   --samples_every iterations (`SamplesLog`), as metrics.jsonl rewritten at --resume.
 4. What the loss reports (its stats' names, its mu buckets) and the --answer_probe are the
    caller's (train.py hands them in): this module imports neither gppo.py nor data/.
 """
@@ -16,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+from accelerate.utils import gather_object
 
 
 # Where the trainer's weights at the iteration's start (the proximal policy) meet the sampler's
@@ -100,6 +103,7 @@ class MetricsLog:
                 f.writelines(json.dumps(r) + "\n" for r in history)
             os.replace(self.path + ".tmp", self.path)
         self.file = open(self.path if acc.is_main_process else os.devnull, "a")
+        self.samples = SamplesLog(args, acc, history[-1]["iter"] if history else 0)
         self.wandb = None
         if args.wandb and acc.is_main_process:
             import wandb   # optional: only runs that ask for it need it installed
@@ -117,13 +121,16 @@ class MetricsLog:
         for x in self.sources:
             by_source[f"r:{x}"] = sum(r for r, y in zip(s.rewards.tolist(), src) if y == x)
             by_source[f"n:{x}"] = src.count(x)
+        parts = s.parts or {}   # what the part "overlong" took off (--overlong punish)
+        penalty = -(args.reward_weights["overlong"] * parts["overlong"]).sum() \
+            if "overlong" in parts else 0.0
         local = {"n": len(s.rewards), "reward": s.rewards.sum(), "reward2": (s.rewards ** 2).sum(),
                  "len": sum(map(len, s.batch.completion_ids)), "truncated": sum(s.batch.truncated),
-                 "kept": s.keep.sum(), "penalty": (s.rewards - s.shaped).sum(),
+                 "kept": s.keep.sum(), "penalty": penalty,
                  "groups": len(groups), "solved": (groups.max(1).values > 0).sum(),
                  "uniform": (shaped.max(1).values == shaped.min(1).values).sum(),
                  **{f"mismatch{j}": v for j, v in enumerate(gap)},   # 0, 1: |d| sum, tokens
-                 **by_source,
+                 **by_source, **{f"part:{k}": v.sum() for k, v in parts.items()},
                  **{k: v for k, v in upd.sums.items() if k != "ratio_max"},
                  **{f"tok{b}": upd.tok_b[b] for b in buckets},
                  **{f"clip{b}": upd.clip_b[b] for b in buckets}}
@@ -137,6 +144,7 @@ class MetricsLog:
             iter=it, reward_mean=t["reward"] / N,
             reward_std=math.sqrt(max(0.0, (t["reward2"] - t["reward"] ** 2 / N) / max(N - 1, 1))),
             reward_by_source={x: t[f"r:{x}"] / max(t[f"n:{x}"], 1) for x in self.sources},
+            reward_parts={k: t[f"part:{k}"] / N for k in parts},
             solve_rate=t["solved"] / t["groups"], response_len=t["len"] / N,
             truncated_frac=t["truncated"] / N, kept_frac=t["kept"] / N,
             overlong_penalty=t["penalty"] / N, uniform_group_frac=t["uniform"] / t["groups"],
@@ -173,6 +181,8 @@ class MetricsLog:
                  f"solve {row['solve_rate']:.2f} | clip {row['clip_frac']:.3f} | "
                  f"ent {row['entropy']:.3f} | len {row['response_len']:.1f} | "
                  f"kl {row['kl_k3']:.4f} | gn {row['grad_norm']:.2f} | {row['time_iter_s']:.1f}s")
+        if args.samples_every and (it % args.samples_every == 0 or it == args.iters):
+            self.samples.write(it, samples)
         if args.sample_every and (it % args.sample_every == 0 or it == args.iters):
             texts = samples.batch.texts
             for i in range(0, min(len(texts), 3 * G), G):
@@ -196,3 +206,45 @@ class MetricsLog:
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
+
+
+class SamplesLog:
+    """samples.jsonl in the run folder: one line per completion of the iterations it is written
+    at, every rank's (one gather), by the main process:
+        {"iter", "position" (the prompt's, 0..P-1), "sample" (0..G-1), "source", "prompt",
+         "completion", "reward" (the judge's), "parts" ({part: value} of --reward), "shaped",
+         "advantage", "length" (tokens), "truncated", "kept" (took part in the updates)}
+    At --resume the lines of iterations past the checkpoint are dropped (they are redone)."""
+
+    def __init__(self, args, acc, last_iter):
+        self.args, self.acc = args, acc
+        self.path = os.path.join(args.out_dir, "samples.jsonl")
+        if acc.is_main_process:
+            kept = []
+            if os.path.exists(self.path):   # a resumed run: the lines up to its checkpoint
+                with open(self.path) as f:
+                    for line in f:
+                        try:
+                            if json.loads(line)["iter"] <= last_iter:
+                                kept.append(line if line.endswith("\n") else line + "\n")
+                        except (ValueError, KeyError):   # a line cut short by a kill
+                            pass
+            with open(self.path + ".tmp", "w") as f:
+                f.writelines(kept)
+            os.replace(self.path + ".tmp", self.path)
+
+    def write(self, it, s):
+        G = self.args.group_size
+        lines = [json.dumps({
+            "iter": it, "position": s.positions[i // G], "sample": i % G,
+            "source": s.rows[i // G]["source"], "prompt": s.rows[i // G]["prompt"],
+            "completion": s.batch.texts[i], "reward": s.rewards[i].item(),
+            "parts": {k: v[i].item() for k, v in (s.parts or {}).items()},
+            "shaped": s.shaped[i].item(), "advantage": s.advantages[i].item(),
+            "length": len(s.batch.completion_ids[i]), "truncated": bool(s.batch.truncated[i]),
+            "kept": bool(s.keep[i])}) + "\n" for i in range(len(s.batch.texts))]
+        if self.acc.num_processes > 1:   # every rank's, in rank order
+            lines = [x for part in gather_object([lines]) for x in part]
+        if self.acc.is_main_process:
+            with open(self.path, "a") as f:
+                f.writelines(lines)

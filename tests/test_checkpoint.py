@@ -226,7 +226,7 @@ def test_sigkill_at_any_point_of_a_checkpoint_loses_nothing(tmp_path):
     (bitwise) and metrics rows (every key but the timers), at --async_lag 0. After each kill the
     newest complete checkpoint is the one the point allows, and the next run resumes from it."""
     straight, broken = tmp_path / "straight", tmp_path / "broken"
-    cmd = [*KILLED, "--iters", "5"]
+    cmd = [*KILLED, "--iters", "5", "--samples_every", "1"]
     unbroken = subprocess.Popen([PY, "train.py", *cmd, "--out_dir", str(straight)], cwd=ROOT, env=ENV,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # (point, iteration killed at, complete checkpoints left, the iteration the next run resumes
@@ -249,6 +249,11 @@ def test_sigkill_at_any_point_of_a_checkpoint_loses_nothing(tmp_path):
     assert "(after iteration 5)" in proc.stdout
     assert unbroken.wait(timeout=300) == 0, unbroken.stdout.read()[-3000:]
     same_rows(metrics(straight), metrics(broken))
+    # samples.jsonl: each iteration's completions once (a killed iteration's lines are dropped at
+    # --resume and written again), the same as the unbroken run's
+    lines = [[json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()] for d in (straight, broken)]
+    assert [x["iter"] for x in lines[1]] == [x["iter"] for x in lines[0]] and lines[0], "samples.jsonl"
+    assert [x["completion"] for x in lines[1]] == [x["completion"] for x in lines[0]]
     a, b = load_params(straight / "final"), load_params(broken / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ"
     assert complete(broken) == ["iter_000003", "iter_000004", "iter_000005"]   # no save since

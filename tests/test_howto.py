@@ -14,6 +14,7 @@ import torch
 
 import gppo
 from bench.regions import proximal_bounds
+import reward
 import train
 from gppo import _prepare, _stats, aggregate  # what the how-to's baseline imports
 
@@ -136,7 +137,7 @@ def test_another_advantage_estimator(monkeypatch):
     args = train.parse_args(["--advantage", "reinforce_pp", "--group_size", "3"])
     assert args.advantage == "reinforce_pp"
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
-    short = SimpleNamespace(completion_ids=[[1]] * 6, truncated=[False] * 6)   # no overlong penalty
+    short = SimpleNamespace(texts=[""] * 6, completion_ids=[[1]] * 6, truncated=[False] * 6)   # no overlong penalty
     shaped, adv, _ = train.advantages(args, rewards, short)
     # R - mean_group = [2, -1, -1, 1, 1, -2] / 3, its unbiased std over the batch sqrt(4/15)
     want = torch.tensor([2.0, -1.0, -1.0, 1.0, 1.0, -2.0]) / 3 / (math.sqrt(4 / 15) + 1e-6)
@@ -144,3 +145,23 @@ def test_another_advantage_estimator(monkeypatch):
     torch.testing.assert_close(adv, want)
     with pytest.raises(SystemExit):
         train.parse_args(["--advantage", "reinforce_pq"])
+
+
+def test_a_reward_made_of_parts(monkeypatch):
+    # README "A reward made of parts": the reasoning bonus, run as written there
+    monkeypatch.setattr(reward, "PARTS", dict(reward.PARTS))
+    exec(readme_block("def reasoning_part(c):"), {"PARTS": reward.PARTS})
+    args = train.parse_args(["--reward", "correct=1,reasoning=0.1", "--group_size", "2"])
+    assert args.reward_weights == {"correct": 1, "reasoning": 0.1, "overlong": 1.0}
+    texts = ["2 + 2 is 4. Answer: 4", "Answer: 4", "Answer: 5", "so 5. Answer: 5"]
+    batch = SimpleNamespace(texts=texts, completion_ids=[[1] * 60, [1] * 5, [1] * 5, [1] * 5],
+                            truncated=[False] * 4)
+    rows = [{"task": "math", "problem": "2 + 2 = ?", "ground_truth": "4"}] * 2
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    parts = train.reward_parts(args, rewards, batch, rows)
+    assert parts["reasoning"].tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert parts["overlong"].tolist() == [-1.0, 0.0, 0.0, 0.0]      # 60 tokens: past the budget of 48
+    shaped, _, _ = train.advantages(args, rewards, batch, parts)
+    torch.testing.assert_close(shaped, torch.tensor([0.1, 1.0, 0.0, 0.1]))
+    with pytest.raises(ValueError, match="accepted keys of reward.PARTS: correct, format"):
+        train.parse_args(["--reward", "correct=1,reasonnig=0.1"])

@@ -498,3 +498,31 @@ def test_rewards_do_not_depend_on_the_machines_load():
         loaded, t_loaded = score_batch(1.0)
     assert quiet == want and loaded == want, (quiet, loaded)
     assert t_quiet < 30 and t_loaded < 120, (t_quiet, t_loaded)
+
+
+# ---- reward parts (train.py --reward) ----
+
+def _completion(text, n_tokens=5, task="math", max_tokens=16, buffer=4):
+    row = {"task": task, "problem": "1 + 1 = ?", "ground_truth": "2"}
+    return reward.Completion(text, n_tokens, n_tokens >= max_tokens, row, max_tokens, buffer)
+
+
+def test_reward_parts_by_hand():
+    """format: 1 where the task's extraction finds an answer; length: -tokens / max_tokens;
+    overlong: minus DAPO's soft punishment (0 up to max - buffer, -1 at max)."""
+    assert reward.format_part(_completion("so \\boxed{2}")) == 1.0
+    assert reward.format_part(_completion("it is two")) == 0.0
+    assert reward.format_part(_completion("```python\nprint(2)\n```", task="code")) == 1.0
+    assert reward.length_part(_completion("x", n_tokens=4)) == -0.25
+    assert [reward.overlong_part(_completion("x", n_tokens=n)) for n in (12, 13, 14, 16)] == \
+        [-0.0, -0.25, -0.5, -1.0]
+    assert set(reward.PARTS) == {"format", "length", "overlong"}
+
+
+def test_a_part_that_raises_on_model_output_scores_zero(monkeypatch):
+    def picky(c):
+        if "boom" in c.text:
+            raise RuntimeError("bad output")
+        return 1.0
+    monkeypatch.setitem(reward.PARTS, "picky", picky)
+    assert reward.part_values("picky", [_completion("fine"), _completion("boom")]) == [1.0, 0.0]

@@ -221,9 +221,25 @@ def test_train_two_iterations_end_to_end(tiny, tmp_path):
     out = tmp_path / "run"
     ok(run([PY, "train.py", "--model", str(tiny / "model"), "--data_dir", str(tiny), "--iters", "2",
             "--prompts_per_iter", "8", "--prompts_per_update", "4", "--out_dir", str(out),
-            "--eval_data", "tiny-math", "--eval_k", "2", "--eval_every", "2"])[0])
+            "--eval_data", "tiny-math", "--eval_k", "2", "--eval_every", "2",
+            "--reward", "correct=1,format=0.5", "--samples_every", "2"])[0])
     rows = metrics(out)
     assert [r["iter"] for r in rows] == [1, 2]
+    # --reward: each part's mean in the row; samples.jsonl: iteration 2's 8 x 8 completions, each
+    # with its parts, and a shaped reward that is their weighted sum (overlong: --overlong punish)
+    assert all(set(r["reward_parts"]) == {"correct", "format", "overlong"} for r in rows)
+    assert all(r["reward_parts"]["correct"] == r["reward_mean"] for r in rows)
+    lines = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 * 8 and {x["iter"] for x in lines} == {2}
+    assert {x["position"] for x in lines} == set(range(8)) and {x["sample"] for x in lines} == set(range(8))
+    for x in lines:
+        assert x["parts"]["correct"] == x["reward"] and x["parts"]["format"] in (0.0, 1.0)
+        want = x["reward"] + 0.5 * x["parts"]["format"] + x["parts"]["overlong"]
+        assert math.isclose(x["shaped"], want, rel_tol=1e-6, abs_tol=1e-6), x
+        assert x["prompt"] and isinstance(x["completion"], str) and x["length"] >= 1
+    parts = {k: sum(x["parts"][k] for x in lines) / len(lines) for k in ("correct", "format", "overlong")}
+    for k, v in parts.items():
+        assert math.isclose(rows[1]["reward_parts"][k], v, abs_tol=1e-6), (k, rows[1]["reward_parts"], parts)
     # --eval_every 2: iteration 2's row holds the held-out score of its weights, which are the final
     # ones, so it equals the end-of-run evaluation (same engine, same seed)
     assert "eval_avg@2" not in rows[0] and (out / "eval_iter_000002.json").is_file()
