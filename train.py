@@ -208,7 +208,10 @@ def refuse(error):
 
 if __name__ == "__main__":   # a mistyped flag, a value out of range or -h is answered here,
     try:                     # before the ~13 s of imports
-        flags.check(parser().parse_args())
+        checked = flags.check(parser().parse_args())
+        for flag in ("model", "ref_model"):   # a path must be a folder (a hub name loads later)
+            if getattr(checked, flag):
+                flags.check_model(flag, getattr(checked, flag))
     except flags.FlagError as e:
         refuse(e)
 

@@ -225,9 +225,6 @@ def check(args):
                 bad(args, flag, f"{why} with --async_lag {args.async_lag}")
     if args.resume and args.overwrite:
         bad(args, "overwrite", "unset with --resume (one continues the run, the other deletes it)")
-    for flag in ("model", "ref_model"):   # a path must be a folder (a hub name loads later)
-        if getattr(args, flag):
-            check_model(flag, getattr(args, flag))
     return args
 
 

@@ -9,7 +9,7 @@
    (no second copy, as TRL); otherwise --ref_model (default --model) loaded frozen.
 4. A --model that is a folder without a model, or a hub name that does not load, is refused when
    its tokenizer loads, naming the flag and the command that fetches a hub name (infra/flags.py
-   check_model; a path that is no folder was refused with the other flags).
+   check_model; train.py refuses a path that is no folder before its heavy imports).
 """
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
