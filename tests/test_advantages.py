@@ -70,7 +70,7 @@ def test_train_advantages_default_is_group_advantages():
     args = train.parse_args([])
     G = args.group_size
     rewards = (torch.rand(3 * G, generator=torch.Generator().manual_seed(1)) > 0.5).float()
-    batch = SimpleNamespace(completion_ids=[[1, 2, 3]] * (3 * G), truncated=[False] * (3 * G))
+    batch = SimpleNamespace(texts=[""] * (3 * G), completion_ids=[[1, 2, 3]] * (3 * G), truncated=[False] * (3 * G))
     shaped, got, _ = train.advantages(args, rewards, batch)
     assert torch.equal(got, gppo.group_advantages(shaped, G))
     args.advantage = "rloo"
