@@ -10,7 +10,6 @@ must make the update one process makes: test_scale.py's two-process test with th
 metrics and bounds, only the launch differs. The second test checks that accelerate turns
 configs/accelerate_fsdp_2nodes_8gpu.yaml into the torchrun launch README "Scaling up" shows.
 """
-import math
 import os
 import signal
 import socket
@@ -20,7 +19,8 @@ import time
 import pytest
 import yaml
 
-from conftest import ENV, MP, PY, ROOT, metrics, ok, run, train_cmd, update_of
+from conftest import ENV, MP, PY, ROOT, metrics, ok, run, train_cmd
+from test_scale import assert_same_update
 
 
 def free_port():
@@ -91,21 +91,8 @@ def test_two_machines_of_one_process_make_the_one_process_update(tiny, recorded,
             ["__0_0.distcp", "__1_0.distcp"]
     a, b = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert len(a) == len(b) == 1, "metrics.jsonl: one row, written by rank 0 alone"
-    a, b = a[0], b[0]
-    # test_scale.test_two_processes_make_the_one_process_update's comparisons and bounds (why these
-    # bounds: there)
-    assert a["updates"] == b["updates"] >= 1
-    for k in ("reward_mean", "response_len", "kept_frac", "truncated_frac"):
-        assert a[k] == b[k], f"{k}: 1 process {a[k]}, 2 machines {b[k]}"
-    for k in ("entropy", "grad_norm", "clip_frac", "ratio_mean", "kl_k3"):
-        assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-9), f"{k}: 1 process {a[k]}, 2 machines {b[k]}"
-    assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4, abs_tol=1e-8), (a["div_mean"], b["div_mean"])
-    one, two = update_of(tmp_path / "one", tiny), update_of(tmp_path / "two", tiny)
-    diff, rel = (one - two).abs().max().item(), ((one - two).norm() / one.norm()).item()
-    print(f"\n{config or 'ddp'}: 1 process vs 2 machines x 1 process ({took:.0f} s): max |param diff| {diff:.3g}, "
-          f"relative {rel:.3g}, update {one.abs().max():.3g}")
-    assert one.abs().max().item() > 1e-4, "the update barely moved the weights; the comparison would be vacuous"
-    assert diff < 1e-4 and rel < 1e-3, f"1 process vs 2 machines: max |param diff| {diff:.3g}, relative {rel:.3g}"
+    assert_same_update(a[0], b[0], tmp_path / "one", tmp_path / "two", tiny,
+                       f"{config or 'ddp'}: 1 process vs 2 machines x 1 process ({took:.0f} s)")
 
 
 def test_the_two_node_preset_is_the_8_gpu_preset_on_two_torchrun_nodes():

@@ -44,17 +44,23 @@ def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, opt
     a, b = metrics(tmp_path / "one")[0], metrics(tmp_path / "two")[0]
     if "--drop_uniform_groups" in option:
         assert a["kept_frac"] < 1, "nothing was dropped: the uneven case is not exercised"
+    assert_same_update(a, b, tmp_path / "one", tmp_path / "two", tiny, f"{option or 'plain'}: 1 vs 2 processes")
+
+
+def assert_same_update(a, b, one_dir, two_dir, tiny, label):
+    """The first metrics rows a (one process) and b (several) and the two runs' final weights agree:
+    the counts exactly, the means to float32 noise, the weights within the bounds measured below."""
     assert a["updates"] == b["updates"] >= 1          # a mini-batch whose samples all drop takes no step
     for k in ("reward_mean", "response_len", "kept_frac", "truncated_frac"):
-        assert a[k] == b[k], f"{k}: 1 process {a[k]}, 2 processes {b[k]}"
+        assert a[k] == b[k], f"{label}, {k}: {a[k]} vs {b[k]}"
     for k in ("entropy", "grad_norm", "clip_frac", "ratio_mean", "kl_k3"):
-        assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-9), f"{k}: 1 process {a[k]}, 2 processes {b[k]}"
+        assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-9), f"{label}, {k}: {a[k]} vs {b[k]}"
     # div_mean (kl-atomic: mean mu |log r|) is linear in how far the steps so far moved the policy, and
     # those steps differ by ~1e-4 of the update between the two (below): measured 6.7e-5 relative. Where
     # no step moved it yet, |log r| is the forward pass's float32 noise (~1e-7: another batch layout),
     # so div_mean is ~5e-9 on both sides and only an absolute bound says anything (measured 8.8e-10 apart)
     assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4, abs_tol=1e-8), (a["div_mean"], b["div_mean"])
-    one, two_ = update_of(tmp_path / "one", tiny), update_of(tmp_path / "two", tiny)
+    one, two_ = update_of(one_dir, tiny), update_of(two_dir, tiny)
     diff, rel = (one - two_).abs().max().item(), ((one - two_).norm() / one.norm()).item()
     # Measured: plain max |diff| 3.4e-6, relative 7.3e-5; drop+mask (uneven micro-batch counts, fillers)
     # max 3.4e-6, relative 1.0e-4, against updates of 1.5-2.5e-4. The sums run in another order
@@ -63,10 +69,10 @@ def test_two_processes_make_the_one_process_update(tiny, recorded, tmp_path, opt
     # test_trainer's micro-batch test, same bounds). A trainer whose forward bypassed DDP's wrapper
     # (no gradient all-reduce: each rank stepped on its own half) gave max 6e-4 on one step; the
     # old per-rank prompt order trained on other mini-batches altogether.
-    print(f"\n{option or 'plain'}: 1 vs 2 processes: max |param diff| {diff:.3g}, relative {rel:.3g}, "
+    print(f"\n{label}: max |param diff| {diff:.3g}, relative {rel:.3g}, "
           f"update {one.abs().max():.3g}")
     assert one.abs().max().item() > 1e-4, "the update barely moved the weights; the comparison would be vacuous"
-    assert diff < 1e-4 and rel < 1e-3, f"1 vs 2 processes: max |param diff| {diff:.3g}, relative {rel:.3g}"
+    assert diff < 1e-4 and rel < 1e-3, f"{label}: max |param diff| {diff:.3g}, relative {rel:.3g}"
 
 
 # ----------------------------------------------------------------------------------------------
