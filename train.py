@@ -231,7 +231,8 @@ from infra.distributed import (agree_to_stop, gradient_sync, make_accelerator, p
                                sum_over_ranks)
 from infra.logprobs import collate
 from infra.lora import adapters_off
-# token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks):
+# token_logprobs(model, ids, attn, resp) is, in one line (infra/logprobs.py makes it in chunks, and
+# under --share_prompts pushes each group's prompt through the model once, the same log-probs):
 #   model(ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 from infra.logprobs import token_logprobs
 from infra.metrics import MetricsLog, Stopwatch, UpdateLog
@@ -403,7 +404,8 @@ def proximal_logprobs(args, model, batch, pad_id, device):
         for s in range(0, n, args.micro_batch_size):
             idx = list(range(s, min(s + args.micro_batch_size, n)))
             ids, attn, resp, vllm_logp = collate(batch, idx, pad_id, device, (batch.logprobs,))
-            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision,
+                                   share_prompts=args.share_prompts)
             m = resp[:, 1:].bool()
             w = (lp - vllm_logp).exp().clamp(max=args.tis_cap) if args.tis_cap \
                 else torch.ones_like(lp)
@@ -462,7 +464,8 @@ def reference_kl(args, ref_model, inputs, lp, mask, count):
     """--kl_coef: the k3 estimate of KL(pi || ref) per token, aggregated like the policy loss;
     returns (the penalty to add to the loss, the summed KL over the tokens for the log)."""
     with torch.no_grad(), adapters_off(ref_model):   # under LoRA the reference is the base model
-        ref_logp, _ = token_logprobs(ref_model, *inputs, args.logp_chunk_mb, args.head_precision)
+        ref_logp, _ = token_logprobs(ref_model, *inputs, args.logp_chunk_mb, args.head_precision,
+                                     share_prompts=args.share_prompts)
     d = ref_logp - lp
     kl = d.exp() - d - 1
     penalty = args.kl_coef * gppo.aggregate(kl, mask.bool(), args.agg, count)
@@ -502,7 +505,8 @@ def pass_loss(args, run, s, idx, count, detach):
     the objective's stats, log-probs, entropy, loss mask, summed reference KL)."""
     ids, attn, resp, proximal, tis, adv, mask = pass_tensors(run, s, idx)
     lp, ent = token_logprobs(run.model, ids, attn, resp, args.logp_chunk_mb, args.head_precision,
-                             args.entropy_coef > 0)   # entropy with its graph only when used
+                             args.entropy_coef > 0,   # entropy with its graph only when used
+                             share_prompts=args.share_prompts)
     if args.tis_cap:   # truncated IS: each token's advantage times min(proximal / mu, C)
         adv = adv[:, None] * tis
     extra = {} if detach is None else {"detach": detach}       # Clip-Cov's drawn tokens

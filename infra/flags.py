@@ -112,6 +112,9 @@ def add_run_flags(p, probes):
                    help="weight sync into vLLM in buckets of this size")
     g.add_argument("--micro_batch_size", type=int, default=64,
                    help="sequences per forward/backward")
+    g.add_argument("--share_prompts", type=int, default=4096, metavar="MAX_LEN", help="a group's "
+                   "prompt once per pass, its completions behind it (infra/logprobs.py 4.), in "
+                   "packed rows of at most MAX_LEN tokens (longer passes run plain); 0: off")
     g.add_argument("--logp_chunk_mb", type=int, default=None, help="float32 logits per "
                    "log-softmax chunk, MB (default: 1/32 of free GPU memory, 256 on the CPU)")
     g.add_argument("--head_precision", default=None, choices=("fp32", "tf32", "bf16"),
@@ -178,6 +181,8 @@ def check(args):
                  "micro_batch_size", "keep_last", "overlong_buffer", "sync_bucket_mb"):
         if getattr(args, flag) < 1:
             bad(args, flag, "an integer >= 1")
+    if args.share_prompts < 0:
+        bad(args, "share_prompts", "an integer >= 0 (the longest packed row, tokens; 0: off)")
     if args.logp_chunk_mb is not None and args.logp_chunk_mb < 1:
         bad(args, "logp_chunk_mb", "an integer >= 1, or unset (sized from free GPU memory)")
     if args.group_size < 2:

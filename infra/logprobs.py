@@ -9,6 +9,13 @@ What token_logprobs computes is, in one line (train.py shows it beside its calls
    log-softmax is always float32: trainer/sampler mismatch in the ratio starts at the head.
 3. `collate` lays samples out right-padded, with per-token values aligned to the log-probs
    (position t holds the value for predicting token t+1).
+4. share_prompts: the samples of a pass that share a prompt (a group's G completions) go through
+   the model as one row, the prompt once and each completion behind it, attending to the prompt
+   and to itself only (`shared_prompt_rows`: a block mask, each completion's positions going on
+   from the prompt's). A causal model's prompt states do not depend on what follows them, so
+   every log-prob is the plain layout's and, summed over the group, so is the gradient (the prompt
+   copy's gradient is the sum of the G copies'); the idea of Prefix Grouper, arXiv 2506.05433.
+   The results come back in the plain layout, so nothing downstream changes.
 """
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -33,24 +40,79 @@ def _chunk_logp_entropy(hidden, head, targets, precision=None, entropy_grad=Fals
     return logp, entropy if entropy_grad else entropy.detach()
 
 
+SHARED_PROMPT_ATTENTION = ("sdpa", "eager")   # the attentions that take a 4D mask as given
+
+
+def shared_prompt_rows(ids, attn, resp_mask, max_len):
+    """The samples of a (B, T) right-padded batch packed one row per distinct prompt: the prompt,
+    then each of its completions, in the order of the batch. Returns (ids, 4D boolean attention
+    mask, position ids, (row, column) of the hidden state that predicts each response token, in
+    the order of resp_mask[:, 1:]'s True entries), or None when no two samples share a prompt or
+    a packed row would pass max_len tokens (its mask is max_len^2 booleans; the plain layout)."""
+    n = attn.sum(1).tolist()
+    n_prompt = [k - r for k, r in zip(n, resp_mask.sum(1).tolist())]
+    rows = {}                                   # prompt tokens -> the samples that share them
+    for i in range(len(n)):
+        rows.setdefault(tuple(ids[i, :n_prompt[i]].tolist()), []).append(i)
+    lengths = [len(p) + sum(n[i] - n_prompt[i] for i in members) for p, members in rows.items()]
+    if len(rows) == len(n) or max(lengths) > max_len:
+        return None
+    R, L = len(rows), max(lengths)
+    packed = torch.zeros((R, L), dtype=ids.dtype)
+    positions = torch.zeros((R, L), dtype=torch.long)
+    # segment of each position: 0 the prompt, k the row's k-th completion, < 0 padding (unique)
+    segment = -torch.arange(1, L + 1).repeat(R, 1)
+    where = [None] * len(n)                     # sample -> (row, column) of its predictors
+    for r, (prompt, members) in enumerate(rows.items()):
+        p = len(prompt)
+        packed[r, :p], positions[r, :p], segment[r, :p] = torch.tensor(prompt), torch.arange(p), 0
+        start = p
+        for k, i in enumerate(members, 1):
+            m = n[i] - p                        # the completion's tokens
+            packed[r, start:start + m] = ids[i, p:n[i]].cpu()
+            positions[r, start:start + m] = torch.arange(p, p + m)
+            segment[r, start:start + m] = k
+            # its first token is predicted by the prompt's last position, the others by its own
+            where[i] = [(r, p - 1)] + [(r, c) for c in range(start, start + m - 1)] if m else []
+            start += m
+    causal = torch.ones((L, L), dtype=torch.bool).tril()
+    same = segment[:, :, None] == segment[:, None, :]
+    sees_prompt = (segment[:, None, :] == 0) & (segment[:, :, None] >= 0)
+    mask = (causal & (same | sees_prompt))[:, None]             # (R, 1, L, L); padding sees itself
+    order = torch.tensor([rc for i in range(len(n)) for rc in where[i]], dtype=torch.long)
+    device = ids.device
+    return (packed.to(device), mask.to(device), positions.to(device),
+            (order[:, 0].to(device), order[:, 1].to(device)))
+
+
 def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=None,
-                   entropy_grad=False):
+                   entropy_grad=False, share_prompts=0):
     """Log-prob of each next token and the policy's entropy there. ids: (B, T) -> (B, T-1) x 2.
 
     The forward goes through the (DDP/FSDP-)wrapped model, so its gradient hooks run, but asks for
     the logits of one position only; the decoder's output (the normed last hidden states) is taken
     with a forward hook. chunk_mb: MB of float32 logits per chunk; None: 1/32 of the GPU's free
     memory on CUDA (at least 256), 256 on the CPU. entropy_grad: the entropy with its gradient
-    (recomputed in the backward pass like the log-probs), for an entropy bonus."""
+    (recomputed in the backward pass like the log-probs), for an entropy bonus. share_prompts:
+    the longest packed row of shared_prompt_rows (4. above); 0: the plain layout."""
     inner, seen = extract_model_from_parallel(model), {}
+    targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                 # t predicts t+1
+    shared = shared_prompt_rows(ids, attn, resp_mask, share_prompts) if share_prompts else None
     hook = inner.get_decoder().register_forward_hook(lambda m, i, out: seen.update(h=out[0]))
     try:
-        model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False)
+        if shared is None:
+            model(input_ids=ids, attention_mask=attn, logits_to_keep=1, use_cache=False)
+        else:
+            packed, mask, positions, _ = shared
+            if inner.config._attn_implementation == "eager":   # it adds the mask to the scores
+                mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, -torch.inf)
+            model(input_ids=packed, attention_mask=mask, position_ids=positions,
+                  logits_to_keep=1, use_cache=False)
     finally:
         hook.remove()
     head = full_tensor(inner.get_output_embeddings().weight)             # (V, H), whole
-    targets, where = ids[:, 1:], resp_mask[:, 1:].bool()                 # t predicts t+1
-    h, y = seen["h"][:, :-1][where], targets[where]                      # (N, H), (N,)
+    h = seen["h"][:, :-1][where] if shared is None else seen["h"][shared[3]]   # (N, H)
+    y = targets[where]                                                   # (N,)
     if chunk_mb is None:   # on GPUs larger chunks run the head at matmul speed
         free_mb = torch.cuda.mem_get_info(ids.device)[0] >> 20 if ids.is_cuda else 0
         chunk_mb = max(256, free_mb // 32)

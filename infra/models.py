@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from infra.flags import FlagError, check_model
+from infra.logprobs import SHARED_PROMPT_ATTENTION
 from infra.lora import add_adapters
 
 def load_tokenizer(model_dir, flag="model"):
@@ -30,9 +31,16 @@ def load_tokenizer(model_dir, flag="model"):
 
 
 def load_policy(args):
-    """--model in float32, with fresh LoRA adapters under --lora_rank (choices 1, 2)."""
+    """--model in float32, with fresh LoRA adapters under --lora_rank (choices 1, 2); its
+    attention checked against --share_prompts."""
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.config.use_cache = False
+    attention = model.config._attn_implementation
+    if args.share_prompts and attention not in SHARED_PROMPT_ATTENTION:
+        raise FlagError(f"--share_prompts={args.share_prompts}: packs a group's completions behind "
+                        f"one prompt with a 4D attention mask, which {attention!r} attention does "
+                        f"not take (accepted: {', '.join(SHARED_PROMPT_ATTENTION)}); "
+                        "--share_prompts 0 turns it off")
     return add_adapters(model, args) if args.lora_rank else model
 
 

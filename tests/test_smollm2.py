@@ -219,3 +219,18 @@ def test_lora_trains_the_adapters_and_vllm_samples_them(model_dir, tmp_path):
             hf = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             assert torch.equal(t, start[hf]), f"{hf} changed"
     assert (out / "final" / "config.json").is_file() and (out / "adapter" / "adapter_config.json").is_file()
+
+
+def test_shared_prompts_give_the_plain_log_probs_and_gradients(model_dir, prompts, hf):
+    """--share_prompts on the real model: two-shot chat prompts (about 150 tokens) with several
+    completions each, one prompt's group cut (as a micro-batch cuts it); float32 log-probs,
+    entropies and every parameter's gradient against the plain layout (tests/test_share_prompts.py)."""
+    from test_share_prompts import assert_same, both_layouts
+    from transformers import AutoModelForCausalLM
+    tok = hf[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # its own: gradients
+    a, b = (tok(p)["input_ids"] for p in prompts[:2])
+    answers = [tok(t)["input_ids"] for t in ("\\boxed{42}", "The answer is 12.", "7", "\\boxed{-3} because")]
+    samples = [(a, answers[0]), (a, answers[1]), (b, answers[2]), (a, answers[3]), (b, answers[0])]
+    plain, shared = both_layouts(model, samples)
+    assert_same(plain, shared, lp_tol=1e-4, grad_rel=1e-4)
