@@ -36,18 +36,38 @@ import gppo
 ROOT = Path(__file__).resolve().parents[1]
 
 EVAL_SETS = ("tiny-math", "tiny-code")   # the --task's eval sets (choice 3: sweep.py's main sets them)
+
+
+def preset_flags(path, without=("--model", "--out_dir", "--eval_data")):
+    """A configs/*.args file's flags (one 'flag=value' per line, '#' comments) less `without`."""
+    lines = [ln.strip() for ln in open(ROOT / path) if ln.strip() and not ln.lstrip().startswith("#")]
+    return [ln for ln in lines if ln.split("=", 1)[0] not in without]
+
+
+SMOLLM2_FLAGS = preset_flags("configs/smollm2_cpu.args")
+SMOLLM2_TASK = next(f.split("=", 1)[1] for f in preset_flags("configs/smollm2_cpu.args", without=())
+                    if f.startswith("--eval_data="))
 # --task: each embedded task's model, data folder, held-out sets, train.py flags (before the
-# pass-through ones, which may override them), sweep folder and publish folder
+# pass-through ones, which may override them), sweep folder, publish folder, the command that makes
+# the model when it is missing, and the learning-speed table's train reward to reach
 TASKS = {
     "default": dict(model="data/tiny/model", data_dir="data/tiny", eval_sets=("tiny-math", "tiny-code"),
-                    flags=[], out="out/sweep", publish_dir="bench/results/sweep", prepare=[]),
+                    flags=[], out="out/sweep", publish_dir="bench/results/sweep",
+                    prepare=["data/prepare.py"], reward_target=0.5),
     # data/tiny_rare (data/prepare.py --variant rare): the right answer letter starts rare (mu ~ 0.03)
     "rare": dict(model="data/tiny_rare/model", data_dir="data/tiny_rare", eval_sets=("tiny-rare-math",),
                  flags=["--train_data", "tiny-rare-math"], out="out/sweep-rare",
-                 publish_dir="bench/results/sweep-rare", prepare=["--variant", "rare"]),
+                 publish_dir="bench/results/sweep-rare", prepare=["data/prepare.py", "--variant", "rare"],
+                 reward_target=0.5),
+    # the real model: configs/smollm2_cpu.args (its train and held-out task, reasoning-gym arithmetic
+    # the start model solves ~30-40% of, two-shot prompts, bf16), less what the sweep sets itself
+    "smollm2": dict(model="data/smollm2/model", data_dir="data/tiny", eval_sets=(SMOLLM2_TASK,),
+                    flags=SMOLLM2_FLAGS, out="out/sweep-smollm2", publish_dir="bench/results/sweep-smollm2",
+                    prepare=["data/smollm2.py"], reward_target=0.8),
 }
 REFERENCE = "tv-mc"
-REWARD_TARGET = 0.5        # the learning-speed table's train reward to reach (choice 2)
+REWARD_TARGET = 0.5        # the learning-speed table's train reward to reach (choice 2; sweep.py's main
+                           # sets the --task's, like EVAL_SETS)
 # table labels of the named cells, from gppo.METHODS: tv-mc -> "GRPO / PPO", kl-mc -> "DAPO", ...
 LABELS = {"-".join(cell): " / ".join(n.upper() for n, c in gppo.METHODS.items() if c == cell)
           for cell in gppo.METHODS.values()}
@@ -245,9 +265,11 @@ def orderings(results, names):
 # ----------------------------------------------------------------------------------------------
 # learning speed (choice 2): iterations to a train reward, area under the held-out avg@k curve
 
-def iters_to_reward(hist, target=REWARD_TARGET):
-    """(iteration, reached): the first iteration whose metrics row has reward_mean >= target; a run
-    that never gets there counts as its last iteration + 1, reached False."""
+def iters_to_reward(hist, target=None):
+    """(iteration, reached): the first iteration whose metrics row has reward_mean >= target (default
+    REWARD_TARGET, the --task's); a run that never gets there counts as its last iteration + 1,
+    reached False."""
+    target = REWARD_TARGET if target is None else target
     for row in hist:
         if row.get("reward_mean") is not None and row["reward_mean"] >= target:
             return row["iter"], True

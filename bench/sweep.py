@@ -199,8 +199,8 @@ def main():
     p.add_argument("--only", default="", help="comma-separated methods (e.g. gspo,kl-atomic,grpo); default all")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each with --threads 1 unless given)")
     p.add_argument("--task", default="default", choices=list(TASKS),
-                   help="embedded task: default (data/tiny: tiny-math, tiny-code) or rare (data/tiny_rare: "
-                        "tiny-rare-math); sets the defaults of the next four")
+                   help="default (data/tiny: tiny-math, tiny-code), rare (data/tiny_rare: tiny-rare-math) "
+                        "or smollm2 (configs/smollm2_cpu.args); sets the defaults of the next four")
     p.add_argument("--model", default=None, help="model folder for every run (default: the task's)")
     p.add_argument("--data_dir", default=None, help="folder with the task's data sets (default: the task's)")
     p.add_argument("--out", default=None, help="sweep folder: one sub-folder per run, tables, figures "
@@ -211,7 +211,7 @@ def main():
                    help="committed folder for --publish (default bench/results/sweep, or sweep-rare)")
     args, extra = p.parse_known_args()
     task = TASKS[args.task]
-    stats.EVAL_SETS = task["eval_sets"]
+    stats.EVAL_SETS, stats.REWARD_TARGET = task["eval_sets"], task["reward_target"]
     for key in ("model", "data_dir", "out", "publish_dir"):
         setattr(args, key, getattr(args, key) or task[key])
     command = " ".join(["bench/sweep.py", *map(shown, sys.argv[1:])])
@@ -234,7 +234,7 @@ def main():
             print("  " + " ".join(train_cmd(n, table[n], s, args.out, settings, threads)[1:]))
         return
     if args.model == task["model"] and not os.path.exists(os.path.join(task["model"], "config.json")):
-        subprocess.run([sys.executable, "data/prepare.py", *task["prepare"]], check=True)   # as run.sh does
+        subprocess.run([sys.executable, *task["prepare"]], check=True)   # as run.sh does
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     print(f"sweep: {len(pending)} runs to do of {len(todo)}, {args.jobs} at a time, into {args.out}", flush=True)

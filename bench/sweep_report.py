@@ -27,7 +27,7 @@ from pathlib import Path
 
 import gppo
 from bench import stats   # stats.EVAL_SETS: bench/sweep.py's main sets it per --task
-from bench.stats import (LABELS, REFERENCE, REWARD_TARGET, ROOT, TASKS, aggregate, curves, clip_by_mu,
+from bench.stats import (LABELS, REFERENCE, ROOT, TASKS, aggregate, curves, clip_by_mu,
                          distinguishable, eval_curves, finished, histories, methods, mu_buckets,
                          orderings, shown, speed, write_json_atomic)
 
@@ -126,7 +126,7 @@ def format_speed(sp, rows, k, key):
     """The learning-speed table: per method the iterations to a train reward of REWARD_TARGET, the area
     under the held-out avg@k curve (its mean over training) and the final avg@k, each with its paired
     difference against the reference and 95% interval."""
-    lines = [f"| method | n | iterations to train reward {REWARD_TARGET:g} | not reached | Δ iterations vs GRPO "
+    lines = [f"| method | n | iterations to train reward {stats.REWARD_TARGET:g} | not reached | Δ iterations vs GRPO "
              f"[95% CI] | avg@{k} over training (AUC) | Δ AUC vs GRPO [95% CI] | final avg@{k} | Δ final vs GRPO "
              f"[95% CI] |", "|" + "---|" * 9]
     for name in sorted(sp, key=lambda n: n != REFERENCE):
@@ -390,7 +390,7 @@ def report(out, settings, threads, jobs, invocations, task="default"):
     plot_dynamics(curv, os.path.join(out, "dynamics.png"))
     plot_clip_by_mu(by_mu, os.path.join(out, "clip_by_mu.png"))
     figures = ""
-    if task != "default":
+    if task == "rare":
         if ev:
             other = default_panel(k)
             plot_answer_prob(ev, k, key, os.path.join(out, "answer_prob.png"), other)
@@ -403,8 +403,8 @@ def report(out, settings, threads, jobs, invocations, task="default"):
     if task != "default" or ev:
         grid = next(iter(ev.values()))["iters"] if ev else []
         grid_txt = ", ".join(map(str, grid)) if len(grid) <= 8 else f"{grid[0]}, {grid[1]}, …, {grid[-1]}"
-        speed_md = (f"\n## Learning speed: {key}\n\nIterations to a train reward of {REWARD_TARGET:g}: the first "
-                    f"iteration whose metrics row has reward_mean ≥ {REWARD_TARGET:g} (the batch's mean reward, "
+        speed_md = (f"\n## Learning speed: {key}\n\nIterations to a train reward of {stats.REWARD_TARGET:g}: the first "
+                    f"iteration whose metrics row has reward_mean ≥ {stats.REWARD_TARGET:g} (the batch's mean reward, "
                     f"on training prompts); a run that never gets there counts as its last iteration + 1, and "
                     f"\"not reached\" says how many did not, so those means are lower bounds. AUC: the held-out "
                     f"avg@{k} curve over iterations {grid_txt or '(none: no eval_avg@' + str(k) + ' rows)'} "
@@ -464,7 +464,7 @@ def report(out, settings, threads, jobs, invocations, task="default"):
     write_json_atomic(os.path.join(out, "sweep.json"), dict(
         settings=settings, k=k, machine=mach, invocations=invocations, run_wall_s_sum=run_s,
         warm_start=warm, warm_start_cmd=warm_cmd, rows=rows, orderings=orders, clip_by_mu=by_mu,
-        mu_buckets=mu_buckets(), curves=curv, reward_target=REWARD_TARGET, eval_curve_key=key, eval_curves=ev,
+        mu_buckets=mu_buckets(), curves=curv, reward_target=stats.REWARD_TARGET, eval_curve_key=key, eval_curves=ev,
         speed={n: r for n, r in sp.items() if r["n"]},
         runs=[{key: r[key] for key in ("name", "seed", "eval", "final", "iters", "wall_s",
                                        "iter_s_mean", "other_s", "threads")} for r in results]))

@@ -362,6 +362,24 @@ def test_task_rare_runs_on_data_tiny_rare(tmp_path):
     assert head.count("|") == sep.count("|") == warm.count("|") == 8 and "tiny-rare-math avg@8" in head
 
 
+def test_task_smollm2_runs_the_preset_with_the_sweeps_own_folders(tmp_path):
+    """--task smollm2: configs/smollm2_cpu.args in every run, less its --model/--out_dir/--eval_data
+    (the sweep's own), a pass-through flag after the preset's, and the preset's held-out set."""
+    out = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--task", "smollm2", "--dry_run", "--out", str(out),
+                           "--seeds", "0", "--only", "grpo", "--prompts_per_update", "2"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    cmd = proc.stdout.splitlines()[-1].split()
+    preset = [ln.strip() for ln in open(ROOT / "configs/smollm2_cpu.args") if ln.startswith("--")]
+    held_out = next(f.split("=", 1)[1] for f in preset if f.startswith("--eval_data="))
+    assert cmd[cmd.index("--model") + 1] == "data/smollm2/model" and cmd.count("--model") == 1
+    assert cmd[cmd.index("--out_dir") + 1] == str(out / "tv-mc-seed0") and cmd.count("--out_dir") == 1
+    assert cmd[cmd.index("--eval_data") + 1] == held_out and cmd.count("--eval_data") == 1
+    assert "--template" in cmd and cmd[-2:] == ["--prompts_per_update", "2"]   # the preset, then ours
+    assert stats.TASKS["smollm2"]["eval_sets"] == (held_out,) and not out.exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # learning speed (stats.iters_to_reward, auc): iterations to a train reward, area under the held-out
 # avg@k curve
