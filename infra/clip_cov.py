@@ -27,7 +27,8 @@ def clip_cov_selection(args, acc, model, tensors, passes, seed, gppo):
     with torch.no_grad():
         for idx in passes:                         # as many forwards as training: collectives pair
             ids, attn, resp, old_logp, _, adv, mask = tensors(idx)
-            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision)
+            lp, _ = token_logprobs(model, ids, attn, resp, args.logp_chunk_mb, args.head_precision,
+                                   share_prompts=args.share_prompts)
             parts.append((lp, old_logp, adv[:, None].expand_as(lp), mask.bool()))
     tot = sum(torch.stack([torch.where(m, lp, 0).sum(), torch.where(m, a, 0).sum(),
                            m.sum()]).double() for lp, _, a, m in parts)
