@@ -58,8 +58,9 @@ def assert_same_update(a, b, one_dir, two_dir, tiny, label):
     # div_mean (kl-atomic: mean mu |log r|) is linear in how far the steps so far moved the policy, and
     # those steps differ by ~1e-4 of the update between the two (below): measured 6.7e-5 relative. Where
     # no step moved it yet, |log r| is the forward pass's float32 noise (~1e-7: another batch layout),
-    # so div_mean is ~5e-9 on both sides and only an absolute bound says anything (measured 8.8e-10 apart)
-    assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4, abs_tol=1e-8), (a["div_mean"], b["div_mean"])
+    # so div_mean is ~1e-8 or less and only an absolute bound says anything (measured 8.8e-10 apart in
+    # the plain layout; with --share_prompts, drop+mask: 0 in one process against 1.2e-8 in two)
+    assert math.isclose(a["div_mean"], b["div_mean"], rel_tol=2e-4, abs_tol=1e-7), (a["div_mean"], b["div_mean"])
     one, two_ = update_of(one_dir, tiny), update_of(two_dir, tiny)
     diff, rel = (one - two_).abs().max().item(), ((one - two_).norm() / one.norm()).item()
     # Measured: plain max |diff| 3.4e-6, relative 7.3e-5; drop+mask (uneven micro-batch counts, fillers)
