@@ -38,15 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 EVAL_SETS = ("tiny-math", "tiny-code")   # the --task's eval sets (choice 3: sweep.py's main sets them)
 
 
-def preset_flags(path, without=("--model", "--out_dir", "--eval_data")):
-    """A configs/*.args file's flags (one 'flag=value' per line, '#' comments) less `without`."""
-    lines = [ln.strip() for ln in open(ROOT / path) if ln.strip() and not ln.lstrip().startswith("#")]
-    return [ln for ln in lines if ln.split("=", 1)[0] not in without]
+def preset_flags(path):
+    """A configs/*.args file's flags, one 'flag=value' per line ('#' starts a comment line)."""
+    return [ln.strip() for ln in open(ROOT / path) if ln.strip() and not ln.lstrip().startswith("#")]
 
 
-SMOLLM2_FLAGS = preset_flags("configs/smollm2_cpu.args")
-SMOLLM2_TASK = next(f.split("=", 1)[1] for f in preset_flags("configs/smollm2_cpu.args", without=())
-                    if f.startswith("--eval_data="))
+SMOLLM2_PRESET = preset_flags("configs/smollm2_cpu.args")
+SMOLLM2_FLAGS = [f for f in SMOLLM2_PRESET if f.split("=", 1)[0] not in ("--model", "--out_dir", "--eval_data")]
+SMOLLM2_TASK = next(f.split("=", 1)[1] for f in SMOLLM2_PRESET if f.startswith("--eval_data="))
 # --task: each embedded task's model, data folder, held-out sets, train.py flags (before the
 # pass-through ones, which may override them), sweep folder, publish folder, the command that makes
 # the model when it is missing, and the learning-speed table's train reward to reach

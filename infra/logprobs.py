@@ -51,9 +51,10 @@ def shared_prompt_rows(ids, attn, resp_mask, max_len):
     a packed row would pass max_len tokens (its mask is max_len^2 booleans; the plain layout)."""
     n = attn.sum(1).tolist()
     n_prompt = [k - r for k, r in zip(n, resp_mask.sum(1).tolist())]
+    tokens = ids.cpu()                          # one copy off the device, read row by row below
     rows = {}                                   # prompt tokens -> the samples that share them
     for i in range(len(n)):
-        rows.setdefault(tuple(ids[i, :n_prompt[i]].tolist()), []).append(i)
+        rows.setdefault(tuple(tokens[i, :n_prompt[i]].tolist()), []).append(i)
     lengths = [len(p) + sum(n[i] - n_prompt[i] for i in members) for p, members in rows.items()]
     if len(rows) == len(n) or max(lengths) > max_len:
         return None
@@ -62,27 +63,30 @@ def shared_prompt_rows(ids, attn, resp_mask, max_len):
     positions = torch.zeros((R, L), dtype=torch.long)
     # segment of each position: 0 the prompt, k the row's k-th completion, < 0 padding (unique)
     segment = -torch.arange(1, L + 1).repeat(R, 1)
-    where = [None] * len(n)                     # sample -> (row, column) of its predictors
+    where = [None] * len(n)                     # sample -> (row, columns) of its predictors
     for r, (prompt, members) in enumerate(rows.items()):
         p = len(prompt)
         packed[r, :p], positions[r, :p], segment[r, :p] = torch.tensor(prompt), torch.arange(p), 0
         start = p
         for k, i in enumerate(members, 1):
             m = n[i] - p                        # the completion's tokens
-            packed[r, start:start + m] = ids[i, p:n[i]].cpu()
+            packed[r, start:start + m] = tokens[i, p:n[i]]
             positions[r, start:start + m] = torch.arange(p, p + m)
             segment[r, start:start + m] = k
-            # its first token is predicted by the prompt's last position, the others by its own
-            where[i] = [(r, p - 1)] + [(r, c) for c in range(start, start + m - 1)] if m else []
+            # each token is predicted by the position before it; the first, by the prompt's last
+            cols = torch.arange(start - 1, start + m - 1)
+            cols[:1] = p - 1
+            where[i] = (r, cols)
             start += m
     causal = torch.ones((L, L), dtype=torch.bool).tril()
     same = segment[:, :, None] == segment[:, None, :]
     sees_prompt = (segment[:, None, :] == 0) & (segment[:, :, None] >= 0)
     mask = (causal & (same | sees_prompt))[:, None]             # (R, 1, L, L); padding sees itself
-    order = torch.tensor([rc for i in range(len(n)) for rc in where[i]], dtype=torch.long)
+    row = torch.cat([torch.full_like(cols, r) for r, cols in where])
+    col = torch.cat([cols for _, cols in where])
     device = ids.device
     return (packed.to(device), mask.to(device), positions.to(device),
-            (order[:, 0].to(device), order[:, 1].to(device)))
+            (row.to(device), col.to(device)))
 
 
 def token_logprobs(model, ids, attn, resp_mask, chunk_mb=None, head_precision=None,
