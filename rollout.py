@@ -30,6 +30,10 @@ Choices:
 6. vLLM's INFO log (its whole config, once per engine) is off unless VLLM_LOGGING_LEVEL is set.
 7. `--backend hf` (`HFRollout`): transformers.generate on the training model itself (no second
    copy, no sync; same sampling, same RolloutBatch): for machines without vLLM (vLLM is faster).
+8. `--vllm_server URL[,URL...]` (`ServerRollout`, infra/vllm_server.py): vLLM's own server on
+   devices or machines of its own (`python rollout.py serve MODEL`), sampled over HTTP, weights
+   pushed through vLLM's weight-transfer API (gloo on the CPU, NCCL on GPUs), the iteration as
+   the weight version. The same RolloutBatch; each sample's `versions` entry names its weights.
 """
 from infra.hf_engine import HFRollout
 # RolloutBatch: one call's samples, group-major, as lists with one entry per sample: prompt_ids,
@@ -41,11 +45,25 @@ from infra.vllm_engine import RolloutBatch, VLLMRollout, weight_buckets
 __all__ = ["RolloutBatch", "make_engine", "weight_buckets"]
 
 
-def make_engine(model_dir, backend="vllm", policy=None, **kwargs):
-    """backend: "vllm" (default; a separate engine, synced after every iteration) or "hf"
-    (transformers.generate on `policy`, the training model, or on a model loaded from model_dir)."""
+def make_engine(model_dir, backend="vllm", policy=None, servers=(), **kwargs):
+    """backend: "vllm" (default; a separate engine, synced after every iteration), "hf"
+    (transformers.generate on `policy`, the training model, or on a model loaded from model_dir),
+    or "server" (vLLM servers at the URLs `servers`, choice 8)."""
+    if backend == "server":
+        from infra.vllm_server import ServerRollout
+        return ServerRollout(list(servers), model_dir, **kwargs)
     if backend == "vllm":
         return VLLMRollout(model_dir, **kwargs)
     if backend == "hf":
         return HFRollout(model_dir, policy=policy, **kwargs)
-    raise ValueError(f"unknown rollout backend {backend!r}; accepted: 'vllm', 'hf'")
+    raise ValueError(f"unknown rollout backend {backend!r}; accepted: 'vllm', 'hf', "
+                     "'server'")
+
+
+if __name__ == "__main__":
+    # python rollout.py serve MODEL --port 8000: the sampler as a service (--vllm_server)
+    import sys
+    if sys.argv[1:2] != ["serve"]:
+        sys.exit("usage: python rollout.py serve MODEL [--port 8000] [--max_model_len 1024]")
+    from infra.vllm_server import main
+    main(sys.argv[2:])

@@ -238,6 +238,7 @@ from infra.logprobs import token_logprobs
 from infra.metrics import MetricsLog, Stopwatch, UpdateLog
 from infra.models import load_policy, load_reference, load_tokenizer
 from infra.prefetch import Prefetch
+from infra.vllm_server import ServerError
 from infra.replay import replayed_rollouts, save_rollouts
 from rollout import RolloutBatch, make_engine, weight_buckets
 
@@ -283,7 +284,9 @@ def setup(args):
     acc.register_for_checkpointing(sampler)           # its position goes into every checkpoint
     ref_model = load_reference(args, acc, model)      # --kl_coef's; None without it
     longest = max(len(r["prompt_ids"]) for r in rows + eval_rows)
-    engine = make_engine(args.model, backend=args.backend, policy=model, seed=args.seed + rank,
+    engine = make_engine(args.model, backend="server" if args.vllm_server else args.backend,
+                         servers=args.vllm_server.split(",") if args.vllm_server else (),
+                         policy=model, seed=args.seed + rank,
                          max_model_len=args.max_model_len, dtype=args.vllm_dtype,
                          kv_cache_sequences=args.prompts_per_iter // world * args.group_size,
                          kv_cache_tokens=longest + args.max_new_tokens,
@@ -371,6 +374,8 @@ def sample_groups(args, run, it):
         batch = run.engine.generate([r["prompt_ids"] for r in rows], n=args.group_size,
                                     max_tokens=args.max_new_tokens, temperature=1.0,
                                     seed=derived_seed(args, "sampling", it, rank))
+    if batch.versions:   # a server's samples carry their weights' version (None: the start's)
+        version = min(v or 0 for v in batch.versions)
     if args.save_rollouts:
         save_rollouts(args.save_rollouts, it, rank, batch, positions)
     run.engine.sleep()          # --sleep_mode: vLLM frees its KV cache and offloads its weights
@@ -594,14 +599,19 @@ def main(argv=None):
         run = setup(args)
     except flags.FlagError as e:
         refuse(e)
+    except ServerError as e:    # --vllm_server: none at the URL, or another model
+        refuse(flags.FlagError(f"--vllm_server={args.vllm_server}: {e}"))
     acc, ckpt_dir = run.acc, os.path.join(args.out_dir, "checkpoints")
     prepare_out_dir(args, acc.is_main_process)
     start, history = 0, []
     if args.resume:
         path, start, history = resume(args, acc, ckpt_dir)
-        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))   # from --model
+        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb),   # from --model
+                                version=start)
         run.engine_version = start
         run.log(f"resumed from {path} (after iteration {start})")
+    elif args.vllm_server:   # a server may hold another run's weights: the start's, version 0
+        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb), version=0)
     probe = ProbeRun(args.answer_probe, run.eval_rows, run.tok, run.pad_id) \
         if args.answer_probe else None   # checked here, before the first iteration
     metrics = MetricsLog(args, run, history, probe)
@@ -625,7 +635,8 @@ def main(argv=None):
         upd = update(args, run, s, batches, it)                                      # 5. update
         clock.lap("update")
         run.rollouts.idle()     # --async_lag: the generation under way finishes with its weights
-        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb))     # 6. sync
+        run.engine.sync_weights(weight_buckets(run.model, args.sync_bucket_mb),      # 6. sync
+                                version=it)
         run.engine_version = it
         clock.lap("sync")
         row = metrics.row(it, s, upd, clock.total())                                 # 7. log
@@ -649,4 +660,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ServerError as e:    # --vllm_server: a server that failed mid-run (infra/vllm_server.py)
+        sys.exit(f"train.py: stopped: {e}\nthe last checkpoint resumes with --resume once the "
+                 f"server is back")

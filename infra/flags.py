@@ -98,6 +98,9 @@ def add_run_flags(p, probes):
     g = p.add_argument_group("run: engines, memory and precision")
     g.add_argument("--backend", default="vllm", choices=("vllm", "hf"), help="vllm (fast), or "
                    "transformers.generate on the policy's own weights (no vLLM needed)")
+    g.add_argument("--vllm_server", default="", metavar="URL[,URL...]",
+                   help="sample from vLLM servers (python rollout.py serve MODEL) instead of an "
+                   "engine in this process; weights go by vLLM's weight-transfer API")
     g.add_argument("--max_model_len", type=int, default=256,
                    help="vLLM context length (prompt + response), tokens")
     g.add_argument("--vllm_dtype", default="auto",
@@ -219,6 +222,14 @@ def check(args):
         bad(args, "lora_rank", "0 (off) or a positive rank")
     if not 0 <= args.lora_dropout < 1:
         bad(args, "lora_dropout", "a probability in [0, 1)")
+    if args.vllm_server:   # the servers sample; this process only trains (infra/vllm_server.py)
+        for url in args.vllm_server.split(","):
+            if not url.startswith(("http://", "https://")):
+                bad(args, "vllm_server", "http://HOST:PORT URLs, comma-separated")
+        for flag, why in (("backend", "'vllm'"), ("sleep_mode", "unset (a server frees its own)"),
+                          ("tensor_parallel_size", "1 (a server's own flag)")):
+            if getattr(args, flag) not in (False, "vllm", 1):
+                bad(args, flag, f"{why} with --vllm_server")
     if args.async_lag < 0:
         bad(args, "async_lag", "an integer >= 0 (0: sample with the newest weights)")
     if args.async_lag:   # what cannot sample ahead (infra/prefetch.py)

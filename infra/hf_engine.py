@@ -95,7 +95,7 @@ class HFRollout:
             batch.texts.append(self.tokenizer.decode(g[:end or limit], skip_special_tokens=True))
         return batch
 
-    def sync_weights(self, buckets, one_call=None):
+    def sync_weights(self, buckets, one_call=None, version=None):
         pass  # the engine samples from the policy's own weights: nothing to copy
 
     def sleep(self):

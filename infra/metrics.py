@@ -160,6 +160,8 @@ class MetricsLog:
                        mismatch_kl_k3=t["mismatch3"] / n_mis,
                        mismatch_hist=[t[f"mismatch{j}"] / n_mis
                                       for j in range(4, len(MISMATCH_BINS) + 5)])
+        if args.vllm_server and not args.async_lag:   # a server's samples: their versions' age
+            row["staleness"] = it - 1 - s.version
         row["tokens_per_s"] = t["len"] / row["time_iter_s"]
         if self.probe and it % args.probe_every == 0:   # the weights after this update
             t0 = time.time()

@@ -34,6 +34,7 @@ class RolloutBatch:
     logprobs: list            # list[list[float]], the sampled tokens' log-probs under mu
     truncated: list           # list[bool], True when max_tokens was hit before EOS
     texts: list               # list[str], decoded completions
+    versions: list = None     # list, the weight version that sampled each (a server's engine)
 
 
 # vLLM warnings that say nothing is wrong here, dropped at the logger that emits them (its INFO
@@ -178,7 +179,7 @@ class VLLMRollout:
                 batch.texts.append(c.text)
         return batch
 
-    def sync_weights(self, buckets, one_call=None):
+    def sync_weights(self, buckets, one_call=None, version=None):
         """Push new weights into the running engine, in memory (never from disk, which restores
         the weights the engine started with). Written against vLLM 0.32 (infra/VLLM.md).
 
@@ -193,6 +194,7 @@ class VLLMRollout:
           per bucket; `weight_buckets` cuts buckets only between decoder layers, so every vLLM
           layer (fused qkv, gate_up) is complete within one call.
         `one_call` forces one way (tests run both on the CPU); None picks by where the worker is.
+        `version` (the iteration) labels a server's weights (infra/vllm_server.py); unused here.
         """
         if self.sleep_mode:   # the order vLLM documents for RL (--sleep_mode)
             torch.cuda.empty_cache()                  # return the trainer's freed blocks first

