@@ -6,6 +6,7 @@ guard would hide what the region does), three cells, paired seeds, each against 
     python bench/async_study.py --run --seeds 3 --configs K0,K3   # more seeds where intervals are wide
     python bench/async_study.py                            # tables + figure from what has finished
     python bench/async_study.py --publish                  # ... into bench/results/async/
+    python bench/async_study.py --publish bench/results/async-8seeds   # ... or another folder
 
 Configurations (CONFIGS): coupled (--mu_source vllm: the region bounds pi against the sampler's mu,
 eq. 11 as written) at K = 0, 1, 3, and decoupled at K = 3 (--tis_cap 2: the region bounds pi against
@@ -177,14 +178,15 @@ if __name__ == "__main__":
     p.add_argument("--configs", default=",".join(CONFIGS), help="which configurations to run")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (sweep.py: 1 thread each)")
     p.add_argument("--iters", type=int, default=60, help="train.py --iters of every run")
-    p.add_argument("--publish", action="store_true", help="write bench/results/async/")
+    p.add_argument("--publish", nargs="?", const="bench/results/async", default="",
+                   metavar="DIR", help="write the tables and figure into DIR (bench/results/async/)")
     a = p.parse_args()
     if a.run:
         run(a.configs.split(","), a.seeds, a.jobs, a.iters)
     data = collect()
     text = report(data)
     print(text)
-    dest = ROOT / ("bench/results/async" if a.publish else "out/async")
+    dest = ROOT / (a.publish or "out/async")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "table.md").write_text(text)
     (dest / "runs.json").write_text(json.dumps(
