@@ -3,7 +3,7 @@ tiny model, started by the tests with the README's command (`python rollout.py s
 
 - the weight sync is exact with every weight changed, the embedding (tied to the LM head) included;
 - train.py against a server repeats itself at K = 0 and K = 1 (one seed, the same rows);
-- two servers share the prompts and one transfer group;
+- two servers share the prompts and one transfer group, and the rows stay the same;
 - faults: no server at the URL, a server serving another model, a server that dies mid-run
   (stop, then --resume once one is back), a transfer that fails halfway (the server stays paused
   at the old version, and the next run's sync repairs it).
@@ -123,34 +123,31 @@ SHORT = ["--iters", "2", "--prompts_per_update", "4", "--max_new_tokens", "20",
 
 @pytest.mark.parametrize("lag", [0, 1])
 def test_runs_against_a_server_repeat(tiny, server, tmp_path, lag):
-    flags = ["--vllm_server", server.url, "--async_lag", str(lag)] + \
-        (["--mu_source", "vllm"] if lag else [])
-    rows = []
-    for name in ("a", "b"):
-        ok(run(train_cmd(tiny, tmp_path / name, *SHORT, *flags))[0])
-        rows.append(metrics(tmp_path / name))
+    """One seed twice, the same rows. At K = 0 the second run samples from two servers (the
+    prompts split between them, both in the one transfer group): a prompt's samples are a
+    function of its request's seed and the weights, whichever server draws them."""
+    flags = ["--async_lag", str(lag)] + (["--mu_source", "vllm"] if lag else [])
+    second = Served(tiny / "model", tmp_path) if lag == 0 else None
+    try:
+        rows = []
+        for name, urls in (("a", server.url), ("b", f"{server.url},{second.url}" if second
+                                                else server.url)):
+            ok(run(train_cmd(tiny, tmp_path / name, *SHORT, "--vllm_server", urls, *flags))[0])
+            rows.append(metrics(tmp_path / name))
+        if second:   # both sampled, both hold iteration 2's weights
+            import requests
+            for s in (server, second):
+                assert requests.get(f"{s.url}/weight_info").json()["weight_version"] == "2"
+            assert "POST /v1/completions" in open(second.log.name).read()
+    finally:
+        if second:
+            second.stop()
     assert len(rows[0]) == 2
     for x, y in zip(*rows):
         assert x["staleness"] == (0 if x["iter"] == 1 else lag)
         for k in x:
             if not k.startswith("time_") and k != "tokens_per_s":
                 assert x[k] == y[k], (x["iter"], k, x[k], y[k])
-
-
-def test_two_servers_share_the_prompts(tiny, server, tmp_path):
-    second = Served(tiny / "model", tmp_path)
-    try:
-        out = tmp_path / "two"
-        proc = ok(run(train_cmd(tiny, out, *SHORT, "--vllm_server",
-                                f"{server.url},{second.url}"))[0])
-        assert len(metrics(out)) == 2
-        for s in (server, second):   # both sampled, both got iteration 2's weights
-            import requests
-            assert requests.get(f"{s.url}/weight_info").json()["weight_version"] == "2"
-            assert "POST /v1/completions" in open(s.log.name).read()
-        del proc
-    finally:
-        second.stop()
 
 
 def test_no_server_at_the_url(tiny, tmp_path):
