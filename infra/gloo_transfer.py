@@ -60,10 +60,14 @@ def pack(tensors):
     return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors])
 
 
+def nbytes(dtype, shape):
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
 def unpack(buffer, dtypes, shapes):
     out, start = [], 0
     for dtype, shape in zip(dtypes, shapes):
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        n = nbytes(dtype, shape)
         out.append(buffer[start:start + n].view(dtype).view(shape))
         start += n
     return out
@@ -114,9 +118,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                                "/init_weight_transfer_engine first")
         for names, dtype_names, shapes in zip(info.buckets, info.dtype_names, info.shapes):
             dtypes = [getattr(torch, d) for d in dtype_names]
-            size = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size()
-                       for d, s in zip(dtypes, shapes))
-            buffer = torch.empty(size, dtype=torch.uint8)
+            buffer = torch.empty(sum(map(nbytes, dtypes, shapes)), dtype=torch.uint8)
             self.group.broadcast(buffer, 0).wait()
             self.model.load_weights(list(zip(names, unpack(buffer, dtypes, shapes))))
 

@@ -42,14 +42,12 @@ def replayed_rollouts(folder, it, positions, G):
         with open(os.path.join(folder, name)) as f:
             saved = json.load(f)
         for k, pos in enumerate(saved.pop("positions")):
-            groups[pos] = {key: v[k * G:(k + 1) * G] for key, v in saved.items()
-                           if v is not None}           # versions: None off a server
+            groups[pos] = {key: v[k * G:(k + 1) * G] for key, v in saved.items()}
     missing = [p for p in positions if p not in groups]
     if missing:
         raise ValueError(f"--replay_rollouts={folder!r}: iteration {it} has no rollouts for prompt "
                          f"positions {missing[:5]} (replay needs the same --seed, "
                          f"--prompts_per_iter and --group_size)")
-    kept = groups[positions[0]]
-    return RolloutBatch(**{f.name: [x for p in positions for x in groups[p][f.name]]
-                           for f in dataclasses.fields(RolloutBatch) if f.name in kept})
+    return RolloutBatch(*[[x for p in positions for x in groups[p][f.name]]
+                          for f in dataclasses.fields(RolloutBatch)])
 

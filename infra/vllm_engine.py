@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,7 +34,7 @@ class RolloutBatch:
     logprobs: list            # list[list[float]], the sampled tokens' log-probs under mu
     truncated: list           # list[bool], True when max_tokens was hit before EOS
     texts: list               # list[str], decoded completions
-    versions: list = None     # list, the weight version that sampled each (a server's engine)
+    versions: list = field(default_factory=list)   # a server's: the weight version of each
 
 
 # vLLM warnings that say nothing is wrong here, dropped at the logger that emits them (its INFO

@@ -30,7 +30,6 @@ Choices:
 import os
 import socket
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -128,7 +127,7 @@ class Server:
 class ServerRollout:
     """rollout.make_engine(backend="server"): the RolloutBatch of VLLMRollout, from servers."""
 
-    def __init__(self, urls, model_dir, max_model_len, seed=0, connect_timeout=0, **_):
+    def __init__(self, urls, model_dir, max_model_len, **_):
         from transformers import AutoTokenizer
         self.servers = [Server(u) for u in urls]
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -136,22 +135,12 @@ class ServerRollout:
         self.version = None          # the weights the servers hold (None: the ones they loaded)
         self.sender = None
         self.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        self.servers_named = [s.url for s in self.servers]
-        deadline = time.time() + connect_timeout
         for s in self.servers:
-            self._check(s, deadline)
+            self._check(s)
 
-    def _check(self, server, deadline):
+    def _check(self, server):
         """Refuse a server that serves another model or another vocabulary (choice 4)."""
-        while True:
-            try:
-                models = server.call("GET", "v1/models")["data"]
-                break
-            except ServerError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(1)
-        served = models[0]
+        served = server.call("GET", "v1/models")["data"][0]
         server.model = served["id"]
         ours, theirs = Path(self.model_dir).resolve(), Path(served.get("root") or served["id"])
         same = ours == theirs.resolve() if theirs.exists() else ours.name == theirs.name
@@ -192,7 +181,7 @@ class ServerRollout:
 
         with ThreadPoolExecutor(min(32, len(prompt_ids))) as pool:
             answers = list(pool.map(one, range(len(prompt_ids))))
-        batch = RolloutBatch([], [], [], [], [], versions=[])
+        batch = RolloutBatch([], [], [], [], [], [])
         for p, choices in zip(prompt_ids, answers):
             for c in sorted(choices, key=lambda c: c["index"]):
                 batch.prompt_ids.append(list(p))
@@ -216,8 +205,9 @@ class ServerRollout:
         try:
             self.sender.send_weights(None if version is None else str(version))
         except Exception as e:
-            raise ServerError(f"the weight transfer to {', '.join(self.servers_named)} failed "
-                              f"({type(e).__name__}: {e}); the servers stay paused") from e
+            urls = ", ".join(s.url for s in self.servers)
+            raise ServerError(f"the weight transfer to {urls} failed ({type(e).__name__}: {e}); "
+                              f"the servers stay paused") from e
         if self.rank == 0:
             for s in self.servers:
                 s.call("POST", "resume")
