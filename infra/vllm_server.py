@@ -222,7 +222,8 @@ class ServerRollout:
         address = "127.0.0.1" if local else socket.getfqdn()
         info = gloo_transfer.GlooTrainerInitInfo(
             address, _free_port(), 1 + sum(s.workers for s in self.servers), rank=self.rank)
-        return gloo_transfer.GlooTrainerWeightTransferEngine.trainer_init(
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        return WeightTransferTrainerFactory.trainer_init(   # dispatches on info.backend ("gloo")
             info, client=self.servers, source=lambda: self._buckets)
 
     def sleep(self):
