@@ -92,13 +92,18 @@ class Server:
         import requests
         try:
             r = self.http.request(method, f"{self.url}/{path}", timeout=self.timeout, **kwargs)
+            if r.status_code != 200:
+                raise ServerError(f"vLLM server {self.url}: {path} answered {r.status_code}: "
+                                  f"{r.text[:500]}")
+            return r.json()
         except requests.ConnectionError as e:
             raise ServerError(f"no vLLM server answers at {self.url} ({path}); start one with "
                               f"`python rollout.py serve MODEL --port PORT`") from e
-        if r.status_code != 200:
-            raise ServerError(f"vLLM server {self.url}: {path} answered {r.status_code}: "
-                              f"{r.text[:500]}")
-        return r.json()
+        except requests.RequestException as e:
+            # a server that dies while it sends its answer cuts the body short
+            # (ChunkedEncodingError, IncompleteRead): CI hit it; a timeout lands here too
+            raise ServerError(f"the vLLM server at {self.url} broke off its answer to {path} "
+                              f"({type(e).__name__}: {e})") from e
 
     def init_weight_transfer_engine(self, init_info):
         self.call("POST", "init_weight_transfer_engine", json={"init_info": init_info})

@@ -315,6 +315,38 @@ def test_train_refuses_bad_arguments_before_loading(tmp_path):
             assert w in str(e.value), f"{flags}: {w!r} not in {e.value}"
 
 
+def test_a_server_cut_off_mid_answer_or_gone_raises_server_error_naming_it():
+    """The trainer's HTTP calls to a vLLM server (infra/vllm_server.Server.call) turn every way a
+    server can fail into ServerError naming its URL, which train.py reports as `stopped:` with
+    the --resume hint: no one listening, and (CI hit it when the test server was killed) a
+    server that dies while it sends its answer, cutting the body short. A real socket here: it
+    promises 100 bytes, sends 5 and closes."""
+    import socket
+    import threading
+
+    from infra.vllm_server import Server, ServerError
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def answer_short():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"a\":")
+        conn.close()
+    threading.Thread(target=answer_short, daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(ServerError) as e:
+        Server(url, timeout=30).call("POST", "v1/completions", json={})
+    assert url in str(e.value) and "broke off" in str(e.value) and "v1/completions" in str(e.value)
+    listener.close()
+    with pytest.raises(ServerError) as e:        # nothing listens on the port any more
+        Server(url, timeout=30).call("GET", "v1/models")
+    assert f"no vLLM server answers at {url}" in str(e.value)
+
+
 def test_a_refused_value_reads_as_argparse_error_not_a_crash(tiny, tmp_path):
     """A value out of range, refused at parse time (before the heavy imports or after them) or at
     load time (a LoRA target the model lacks, a missing model folder), ends as argparse's errors
