@@ -4,6 +4,7 @@ The tiny model (data/prepare.py into a tmp folder, ~15-25 s) is built once per p
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -111,10 +112,21 @@ def tiny(tmp_path_factory):
                 f"model whose answers depend on the prompt (tests/conftest.py, tiny)")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# a rendezvous port of this pytest process's own for its launches (one at a time): under the
+# README's `pytest -n 2` two test files run at once, and two launches on accelerate's default
+# 29500 collide (torchrun then aborts one)
+LAUNCH_PORT = str(free_port())
 # `accelerate launch` with two processes: --multi_gpu is its torchrun launcher; on a machine
 # without GPUs train.py's Accelerator(cpu=True) then runs them as MULTI_CPU over gloo
 LAUNCH_2 = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", LAUNCH_PORT]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ Run: .venv/bin/python -m pytest tests/test_distributed.py -q   (CPU, gloo, ~30 s
 """
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +28,7 @@ def test_ddp_all_reduces_only_at_each_steps_last_micro_batch(tmp_path):
     """Two AdamW steps of 3 micro-batches on each of 2 ranks: each rank's events are 3 forwards and
     then the all-reduce, twice (one "r" per DDP bucket), and the ranks end with the same weights."""
     from conftest import ENV, LAUNCH_2
-    with socket.socket() as s:   # a free port: other launches may run beside this one
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    launch = LAUNCH_2 + ["--main_process_port", str(port)]
-    proc = subprocess.run(launch + [__file__, str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run(LAUNCH_2 + [__file__, str(tmp_path)], cwd=ROOT,
                           env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,21 +12,14 @@ configs/accelerate_fsdp_2nodes_8gpu.yaml into the torchrun launch README "Scalin
 """
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 import yaml
 
-from conftest import ENV, MP, PY, ROOT, metrics, ok, run, train_cmd
+from conftest import ENV, MP, PY, ROOT, free_port, metrics, ok, run, train_cmd
 from test_scale import assert_same_update
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_node(rank, port, config=None, nodes=2, per_node=1):

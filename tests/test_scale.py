@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, LAUNCH_2, MP, PY, ROOT, load_params, metrics, ok, run, train_cmd, update_of
+from conftest import ENV, LAUNCH_2, LAUNCH_PORT, MP, PY, ROOT, load_params, metrics, ok, run, train_cmd, update_of
 
 TIMERS = ("time_rollout_s", "time_reward_s", "time_logp_s", "time_update_s", "time_sync_s",
           "time_iter_s", "tokens_per_s")
@@ -80,7 +80,8 @@ def assert_same_update(a, b, one_dir, two_dir, tiny, label):
 # 1b. FSDP2 with two processes on this CPU (configs/accelerate_fsdp_cpu.yaml, train.py's
 #     fsdp_on_the_cpu): sharded parameters, sharded checkpoints, resume, the weight sync
 
-LAUNCH_FSDP = [PY, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate_fsdp_cpu.yaml")]
+LAUNCH_FSDP = [PY, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate_fsdp_cpu.yaml"),
+               "--main_process_port", LAUNCH_PORT]
 
 
 @pytest.mark.slow
