@@ -60,6 +60,17 @@ def policy_weights(model):
         yield name.replace(".base_layer.", "."), t
 
 
+def policy_weight_meta(model):
+    """(name, dtype, full shape) of each pair policy_weights(model) yields, in its order, without
+    gathering a shard (a DTensor's shape is the whole tensor's): vLLM's trainer engines send the
+    names, dtypes and shapes before the bytes."""
+    inner = extract_model_from_parallel(model)
+    peft_model = isinstance(inner, peft.PeftModel)
+    for name, t in (inner.get_base_model() if peft_model else inner).state_dict().items():
+        if ".lora_" not in name:
+            yield name.replace(".base_layer.", "."), t.dtype, tuple(t.shape)
+
+
 def _full(t):
     """The whole tensor of an FSDP2 shard (DTensor), else t itself; no gradient."""
     return full_tensor(t).detach()

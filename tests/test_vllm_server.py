@@ -10,7 +10,6 @@ tiny model, started by the tests with the README's command (`python rollout.py s
 """
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENV, PY, ROOT, metrics, ok, run, train_cmd
+from conftest import ENV, PY, ROOT, free_port, metrics, ok, run, train_cmd
 
 pytestmark = pytest.mark.slow
 
 MAX_LEN = 256
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
