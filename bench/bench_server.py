@@ -1,9 +1,9 @@
 """
 The sampler as a service (--vllm_server, infra/vllm_server.py) against the in-process engine, on
-the embedded default at K = 0 and K = 1, in one run.
+the embedded default or the SmolLM2 preset, at K = 0 and K = 1, in one run.
 
     python bench/bench_server.py                         # 1 + 3 iterations per layout and K
-    python bench/bench_server.py --lags 0 --iters 5 --out bench/results/server.json
+    python bench/bench_server.py --preset smollm2 --out bench/results/server_smollm2.json
 
 What it measures: one train.py subprocess per (layout, K), same seed and flags; from metrics.jsonl
 the median seconds per iteration and per phase after the warm-up (time_sync_s: the weight sync,
@@ -34,6 +34,13 @@ from measure import run_measured  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("rollout", "logp", "update", "sync", "iter")
 PORT = 8123
+# preset: the model, its train.py flags, and the server's flags (its dtype and KV cache as the
+# in-process engine's: --vllm_dtype, P x G sequences)
+PRESETS = {
+    "tiny": ("data/tiny/model", [], ["--max_model_len", "256"]),
+    "smollm2": ("data/smollm2/model", ["@configs/smollm2_cpu.args", "--target_kl", "0"],
+                ["--max_model_len", "256", "--dtype", "bfloat16", "--kv_cache_sequences", "128"]),
+}
 
 p = argparse.ArgumentParser(description="--vllm_server against the in-process engine",
                             allow_abbrev=False)
@@ -41,6 +48,8 @@ p.add_argument("--lags", default="0,1", help="comma-separated --async_lag values
 p.add_argument("--warmup", type=int, default=1, help="iterations run and not counted")
 p.add_argument("--iters", type=int, default=3, help="iterations counted")
 p.add_argument("--out", default="", help="also write the JSON result here")
+p.add_argument("--preset", default="tiny", choices=tuple(PRESETS), help="tiny: the embedded "
+               "default; smollm2: configs/smollm2_cpu.args (data/smollm2.py converts the model)")
 
 
 class Peak(threading.Thread):
@@ -61,11 +70,12 @@ class Peak(threading.Thread):
             self.done.wait(0.2)
 
 
-def serve():
+def serve(preset):
     import requests
+    model, _, serve_flags = PRESETS[preset]
     log = open(Path(tempfile.mkdtemp(prefix="serve_")) / "log.txt", "w")
-    proc = subprocess.Popen([sys.executable, "rollout.py", "serve", "data/tiny/model", "--port",
-                             str(PORT), "--max_model_len", "256"], cwd=ROOT, stdout=log,
+    proc = subprocess.Popen([sys.executable, "rollout.py", "serve", model, "--port", str(PORT),
+                             *serve_flags], cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     for _ in range(300):
         try:
@@ -80,7 +90,9 @@ def run(args, k, server):
     out = Path(tempfile.mkdtemp(prefix=f"server_{'server' if server else 'inproc'}_{k}_"))
     flags = ["--async_lag", str(k)] + (["--mu_source", "vllm"] if k else []) + \
         (["--vllm_server", f"http://127.0.0.1:{PORT}"] if server else [])
-    cmd = [sys.executable, "train.py", *flags, "--iters", str(args.warmup + args.iters),
+    model, preset_flags, _ = PRESETS[args.preset]
+    cmd = [sys.executable, "train.py", *preset_flags, "--model", model, *flags,
+           "--iters", str(args.warmup + args.iters),
            "--out_dir", str(out), "--sample_every", "0", "--ckpt_every", "0",
            "--samples_every", "0", "--eval_data", "", "--threads", "1"]
     rc, wall, tree_gb, _ = run_measured(cmd, out / "log.txt", cwd=ROOT)
@@ -93,10 +105,12 @@ def run(args, k, server):
 
 def main():
     args = p.parse_args()
-    result = {"cpu": cpu_name(), "runs": {}}
-    print(f"CPU: {result['cpu']}; train.py --threads 1, the server vLLM's default threads; "
+    result = {"cpu": cpu_name(), "preset": args.preset, "runs": {}}
+    print(f"{args.preset}; CPU: {result['cpu']}; train.py --threads 1, the server vLLM's default threads; "
           f"median over iterations {args.warmup + 1}-{args.warmup + args.iters}")
-    proc = serve()
+    if args.preset == "smollm2" and not (ROOT / PRESETS["smollm2"][0]).is_dir():
+        subprocess.run([sys.executable, "data/smollm2.py"], cwd=ROOT, check=True)
+    proc = serve(args.preset)
     server_peak = Peak(proc.pid)
     try:
         for k in (int(x) for x in args.lags.split(",")):

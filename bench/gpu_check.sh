@@ -11,6 +11,8 @@
 #   c) bench/gpu_logprob.py: the log-prob path vs full logits on a Qwen2.5-0.5B-shaped random
 #      model (8 x 2048 tokens), time, peak memory and TFLOP/s per head precision
 #   d) bench/bench_objective.py --device cuda: gppo_loss forward + backward on 262K tokens, each cell
+#   e) the sampler as a service on the trainer's GPU (configs/server_1gpu.args: `rollout.py serve
+#      --transfer ipc`, vLLM's CUDA-IPC weight transfer), 3 iterations, then --resume to 4
 # Parts run in that order (vLLM last: its engine starts are the slowest) while time is left.
 # Without a GPU it says so, runs a CPU smoke of (a) (--backend hf, 2 iterations at 8 prompts,
 # then --resume to 3) and exits 0 when that passes. On the 2-core CPU machine: about 1-2 min.
@@ -104,7 +106,7 @@ if [ "$NGPU" -eq 0 ]; then
     echo "gpu_check: no GPU visible to torch: parts a-d need one; running the CPU smoke of (a) instead"
     train_resume a-cpu-hf 2 3 "$PY" "${TINY[@]}" --backend hf --prompts_per_iter 8 --prompts_per_update 4 \
         --threads "${THREADS:-1}"
-    for part in a-hf a-vllm b-fsdp c-logprob d-objective; do verdict "$part" SKIP "no GPU"; done
+    for part in a-hf a-vllm b-fsdp c-logprob d-objective e-server; do verdict "$part" SKIP "no GPU"; done
     finish
     exit $?
 fi
@@ -140,5 +142,23 @@ if "$PY" -c "import vllm" > /dev/null 2>&1; then
     CUDA_VISIBLE_DEVICES=0 train_resume a-vllm 4 6 "$PY" "${TINY[@]}" --backend vllm --mixed_precision bf16
 else
     verdict a-vllm SKIP "vllm does not import here"
+fi
+
+# (e) one GPU shared by the trainer and a vLLM server (CUDA IPC; NCCL refuses two ranks on one GPU)
+if "$PY" -c "import vllm" > /dev/null 2>&1 && [ "$(limit 240)" -ge 120 ]; then
+    PORT=${PORT:-8170}
+    CUDA_VISIBLE_DEVICES=0 setsid "$PY" rollout.py serve data/tiny/model --port "$PORT" --max_model_len 256 \
+        --transfer ipc --gpu_memory_utilization 0.25 > "$OUT/gpu_check_e_server.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 120); do
+        curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null 2>&1 && break
+        kill -0 "$SERVER" 2>/dev/null || break
+        sleep 1
+    done
+    CUDA_VISIBLE_DEVICES=0 train_resume e-server 3 4 "$PY" "${TINY[@]}" --mixed_precision bf16 \
+        --max_model_len 256 --vllm_server "http://127.0.0.1:$PORT"
+    kill -- -"$SERVER" 2>/dev/null
+else
+    verdict e-server SKIP "vllm does not import here, or under 120 s of the budget left"
 fi
 finish

@@ -109,8 +109,9 @@ def add_run_flags(p, probes):
     g.add_argument("--gpu_memory_utilization", type=float, default=0.4,
                    help="vLLM share of GPU memory")
     g.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM tensor parallel size")
-    g.add_argument("--sleep_mode", action="store_true",
-                   help="free vLLM's KV cache while training (GPU)")
+    g.add_argument("--sleep_mode", action=argparse.BooleanOptionalAction, default=False,
+                   help="free vLLM's KV cache while training (GPU); --no-sleep_mode undoes a "
+                   "preset's (configs/server_*.args)")
     g.add_argument("--sync_bucket_mb", type=int, default=256,
                    help="weight sync into vLLM in buckets of this size")
     g.add_argument("--micro_batch_size", type=int, default=64,

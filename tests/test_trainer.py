@@ -420,10 +420,22 @@ def test_train_refuses_bad_rows_at_load_time(tiny, tmp_path):
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs").glob("*.args")))
 def test_presets_parse(preset):
-    """Every configs/*.args preset is a valid train.py command line (a stale flag fails here)."""
+    """Every configs/*.args preset is a valid train.py command line (a stale flag fails here). A
+    layout (server_*.args) is parsed after the preset its own command line appends it to, and
+    there turns the sampler into a server and the in-process engine's sleep mode off."""
+    import re
+
     import train
-    args = train.parse_args([f"@{ROOT / 'configs' / preset}"])
+    text = (ROOT / "configs" / preset).read_text()
+    files = [f"@{ROOT / 'configs' / preset}"]
+    if preset.startswith("server_"):
+        base = re.search(r"train\.py @configs/(\S+) @configs/" + re.escape(preset), text)
+        assert base, f"{preset} names no preset it is appended to"
+        files.insert(0, f"@{ROOT / 'configs' / base[1]}")
+    args = train.parse_args(files)
     assert args.model and args.train_data
+    if preset.startswith("server_"):
+        assert args.vllm_server.startswith("http://") and not args.sleep_mode, preset
 
 
 @pytest.mark.slow
