@@ -77,7 +77,9 @@ if [ "${NGPU:-0}" -gt 1 ]; then
 else
     LAUNCH=("$PY" train.py)
 fi
-mkdir -p "$OUT"
+# the log's folder only: train.py makes the run's own, once it has accepted every value (a
+# refused run leaves no empty run folder behind)
+mkdir -p "$(dirname "$OUT")"
 start=$(date +%s)
 # the log grows: a --resume continues it, and a run that train.py refuses (the folder already
 # holds a run: --resume or --overwrite) adds its message without erasing the earlier run's log

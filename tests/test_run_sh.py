@@ -160,11 +160,14 @@ def test_run_sh_trains_a_divergence_with_a_parameter(tiny, tmp_path):
     (["foo", "atomic"], "foo", f"accepted: {', '.join(gppo.divergence_names())}"),   # any added too
     (["kl", "foo"], "foo", "'mc', 'atomic', 'binary'"),
 ])
-def test_run_sh_refuses_unknown_cells(argv, bad, accepted):
-    proc, _ = run(["bash", "run.sh", *argv], timeout=60)
+def test_run_sh_refuses_unknown_cells(tmp_path, argv, bad, accepted):
+    """An unknown cell is refused naming it and what is accepted, and leaves no run folder."""
+    out = tmp_path / "out" / "run"
+    proc, _ = run(["bash", "run.sh", *argv, f"--out_dir={out}"], timeout=60)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert f"'{bad}'" in text and accepted in text, text
+    assert not out.exists(), f"a refused run left {out}"
 
 
 @pytest.mark.parametrize("argv,says", [
