@@ -164,17 +164,18 @@ class ServerRollout:
         """Refuse a server that serves another model or another vocabulary (choice 4)."""
         served = server.call("GET", "v1/models")["data"][0]
         server.model = served["id"]
-        ours, theirs = Path(self.model_dir).resolve(), Path(served.get("root") or served["id"])
-        same = ours == theirs.resolve() if theirs.exists() else ours.name == theirs.name
-        if not same:
-            raise ServerError(f"the vLLM server at {server.url} serves {theirs}; this run trains "
-                              f"{self.model_dir}: start the server on the same model")
+        # the vocabulary first: it holds across machines, where the folders' paths may differ
         ids = server.call("POST", "tokenize", json={"model": server.model, "prompt": PROBE,
                                                     "add_special_tokens": False})["tokens"]
         mine = self.tokenizer(PROBE, add_special_tokens=False)["input_ids"]
         if ids != mine:
             raise ServerError(f"the vLLM server at {server.url} has another vocabulary than "
                               f"{self.model_dir}: {PROBE!r} is {ids} there, {mine} here")
+        ours, theirs = Path(self.model_dir).resolve(), Path(served.get("root") or served["id"])
+        same = ours == theirs.resolve() if theirs.exists() else ours.name == theirs.name
+        if not same:
+            raise ServerError(f"the vLLM server at {server.url} serves {theirs}; this run trains "
+                              f"{self.model_dir}: start the server on the same model")
         if served.get("max_model_len", self.max_model_len) < self.max_model_len:
             raise ServerError(f"the vLLM server at {server.url} holds {served['max_model_len']} "
                               f"tokens per sequence; this run needs {self.max_model_len} "

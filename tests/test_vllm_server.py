@@ -160,6 +160,25 @@ def test_a_server_of_another_model_is_refused(tiny, server, tmp_path):
     assert "serves" in proc.stderr and str(other) in proc.stderr and "model" in proc.stderr
 
 
+def test_a_server_of_another_vocabulary_is_refused(tiny, server, tmp_path):
+    """A model folder whose tokenizer maps the digits 1 and 2 to each other's ids: the server's
+    tokenization of the probe differs from the trainer's, and the start refuses it naming both
+    (checked before the folders, whose names may differ across machines)."""
+    import json
+
+    from infra.vllm_server import ServerError, ServerRollout
+    other = tmp_path / "model"
+    shutil.copytree(tiny / "model", other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ServerError) as e:
+        ServerRollout([server.url], str(other), max_model_len=MAX_LEN)
+    assert "another vocabulary" in str(e.value) and server.url in str(e.value), e.value
+    assert str(other) in str(e.value)
+
+
 def test_a_transfer_that_fails_halfway_leaves_the_server_paused(tiny, server, tmp_path):
     """The trainer dies in the middle of the broadcast: the server is left paused at the version
     it had (it samples nothing from half-updated weights); a run's first sync repairs it."""
