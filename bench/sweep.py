@@ -47,6 +47,11 @@ Choices:
    curves (bench/sweep_report.py: on the rare task avg@k estimates the answer token's
    probability). --eval_every is one of the settings: runs scored at other iterations are not
    mixed.
+9. Kept beyond out/ (ignored, so a fresh checkout or another machine has none): with --publish each
+   run's small files (RUN_FILES) are archived under --publish_dir/runs/<method>-seed<s>/ as soon as
+   it finishes, beside the sweep's SWEEP_FILES, and a later --publish restores into --out every
+   archived run it lacks before planning (choice 5 then checks their settings). A study of hours
+   goes on over sessions and machines, and the committed folder holds each run's metrics.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,7 +140,48 @@ def changed(old, new):
 
 
 # ----------------------------------------------------------------------------------------------
-# runs: plan, run one
+# runs: keep, plan, run one
+
+RUN_FILES = ("metrics.jsonl", "eval.json", "result.json")   # result.json last: it marks a run finished
+SWEEP_FILES = ("eval_start.json", "invocations.jsonl")
+
+
+def copy_run(src, dst):
+    """One run's RUN_FILES from folder src to folder dst, result.json last and atomically, so a copy
+    cut short is a run without result.json (redone), never a finished run missing its metrics."""
+    os.makedirs(dst, exist_ok=True)
+    for f in RUN_FILES:
+        if os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f + ".tmp"))
+            os.replace(os.path.join(dst, f + ".tmp"), os.path.join(dst, f))
+
+
+def archive(out, publish_dir, runs):
+    """Choice 9: the finished `runs` [(name, seed)] of `out` and its SWEEP_FILES into publish_dir/runs/."""
+    keep = os.path.join(publish_dir, "runs")
+    for name, seed in runs:
+        copy_run(run_dir(out, name, seed), run_dir(keep, name, seed))
+    for f in SWEEP_FILES:
+        if os.path.exists(os.path.join(out, f)):
+            shutil.copy(os.path.join(out, f), os.path.join(keep, f))
+
+
+def restore(out, publish_dir):
+    """Choice 9: every run archived in publish_dir/runs/ that `out` has not finished, and the
+    SWEEP_FILES `out` lacks, copied into `out`; returns the runs restored."""
+    keep = os.path.join(publish_dir, "runs")
+    if not os.path.isdir(keep):
+        return []
+    got = []
+    for res in finished(keep, [n for n, _ in methods()]):
+        if load_result(out, res["name"], res["seed"]) is None:
+            shutil.rmtree(run_dir(out, res["name"], res["seed"]), ignore_errors=True)   # a half-finished one
+            copy_run(run_dir(keep, res["name"], res["seed"]), run_dir(out, res["name"], res["seed"]))
+            got.append((res["name"], res["seed"]))
+    for f in SWEEP_FILES:
+        if os.path.exists(os.path.join(keep, f)) and not os.path.exists(os.path.join(out, f)):
+            shutil.copy(os.path.join(keep, f), os.path.join(out, f))
+    return got
 
 def plan(out, names, seeds, settings, all_names=None):
     """[(name, seed, status)], status 'run', 'redo' (folder without result.json) or 'done'.
@@ -222,6 +268,11 @@ def main():
     seeds = parse_seeds(args.seeds)
     settings = make_settings(args.model, args.data_dir, flags)
     table = dict(methods())
+    if args.publish and not args.dry_run:
+        os.makedirs(args.out, exist_ok=True)
+        back = restore(args.out, args.publish_dir)
+        if back:
+            print(f"restored {len(back)} finished run(s) from {args.publish_dir}/runs into {args.out}", flush=True)
     todo = plan(args.out, select(args.only), seeds, settings, list(table))
 
     pending = [(n, s) for n, s, status in todo if status != "done"]
@@ -242,6 +293,9 @@ def main():
     def job(i_ns):
         i, (n, s) = i_ns
         res = run_one(n, table[n], s, args.out, settings, threads)
+        if res and args.publish:
+            # kept at once, so a session cut short loses no finished run
+            copy_run(run_dir(args.out, n, s), run_dir(os.path.join(args.publish_dir, "runs"), n, s))
         if res:
             ev = " | ".join(f"{key} {res['eval'].get(key, float('nan')):.1f}" for key in stats.EVAL_SETS)
             print(f"[{i + 1}/{len(pending)}] {n} seed {s}: {res['wall_s']:.0f}s | {ev} | "
@@ -267,7 +321,8 @@ def main():
                   "regions.txt"):
             if os.path.exists(os.path.join(args.out, f)):
                 shutil.copy(os.path.join(args.out, f), os.path.join(args.publish_dir, f))
-        print(f"published to {args.publish_dir}")
+        archive(args.out, args.publish_dir, [(r["name"], r["seed"]) for r in finished(args.out, list(table))])
+        print(f"published to {args.publish_dir} (each run's {', '.join(RUN_FILES)} under runs/)")
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed (redone next time): {failed}")
 

@@ -322,9 +322,45 @@ def test_report_of_a_finished_sweep(tmp_path):
     assert summary["warm_start_cmd"][-2:] == ["--out", "sweep/eval_start.json"]   # no tmp_path: committed
     assert set(summary["clip_by_mu"]) == {"tv-mc", "tv-atomic", "kl-atomic"} and len(summary["runs"]) == 5
     assert len((out / "invocations.jsonl").read_text().splitlines()) == 1   # this one ran nothing: no line
-    assert sorted(os.listdir(pub)) == ["clip_by_mu.png", "dynamics.png", "regions.png", "sweep.json", "table.md"]
+    assert sorted(os.listdir(pub)) == ["clip_by_mu.png", "dynamics.png", "regions.png", "runs", "sweep.json",
+                                       "table.md"]
     for f in ("dynamics.png", "clip_by_mu.png"):
         assert (pub / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # each finished run's files are kept in the committed folder (choice 9), with the warm start and the log
+    assert sorted(os.listdir(pub / "runs")) == ["eval_start.json", "invocations.jsonl", "kl-atomic-seed0",
+                                                "tv-atomic-seed0", "tv-atomic-seed1", "tv-mc-seed0", "tv-mc-seed1"]
+    assert sorted(os.listdir(pub / "runs" / "tv-mc-seed1")) == ["metrics.jsonl", "result.json"]
+
+
+def test_publish_restores_archived_runs_into_a_fresh_out(tmp_path):
+    """Choice 9: a checkout without out/ (a new session, another machine) gets back every run archived in
+    the committed folder, so the sweep goes on where it stopped: nothing to redo, the same table; a run
+    half-finished in out/ is replaced by its archived finished copy, a torn archive copy is not restored."""
+    first, pub = tmp_path / "first", tmp_path / "pub"
+    synthetic_sweep(str(first))
+    (first / "eval_start.json").write_text(json.dumps({"avg@8": {"tiny-math": 25.0, "tiny-code": 20.0,
+                                                                  "all": 23.0}, "model": "m"}))
+    (first / "regions.png").write_bytes(b"")
+    sweep.archive(str(first), str(pub), [(r["name"], r["seed"]) for r in stats.finished(str(first), NAMES)])
+    torn = pub / "runs" / "kl-atomic-seed1"
+    torn.mkdir()
+    (torn / "metrics.jsonl").write_text("")                      # cut before its result.json: not finished
+    fresh = tmp_path / "fresh"
+    os.makedirs(stats.run_dir(str(fresh), "tv-mc", 1))           # started here, finished in the archive
+    (fresh / "regions.png").write_bytes(b"")
+    cmd = ["--model", "m", "--data_dir", "d", "--only", "grpo,tv-atomic", "--seeds", "0-1", "--iters", "2",
+           "--publish", "--publish_dir", str(pub)]
+    tables = []
+    for out in (first, fresh):
+        proc = subprocess.run([sys.executable, "bench/sweep.py", "--out", str(out), *cmd], cwd=ROOT,
+                              capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr
+        assert "sweep: 0 runs to do of 4" in proc.stdout
+        tables.append((out / "table.md").read_text())
+    assert "restored 5 finished run(s)" in proc.stdout
+    assert tables[1] == tables[0].replace("first/", "fresh/")   # the warm start names its --out
+    assert not os.path.exists(stats.run_dir(str(fresh), "kl-atomic", 1))
+    assert sweep.restore(str(fresh), str(pub)) == []              # nothing left to restore
 
 
 def test_dry_run_lists_every_run_and_writes_nothing(tmp_path):
@@ -566,7 +602,7 @@ def test_report_of_a_finished_rare_sweep(tmp_path):
     assert set(summary["speed"]) == {"tv-mc", "kl-atomic"} and summary["speed"]["tv-mc"]["not_reached"] == 1
     assert summary["eval_curves"]["kl-atomic"]["iters"] == [0, 10, 20, 30]
     assert sorted(os.listdir(pub)) == ["answer_prob.png", "clip_by_mu.png", "dynamics.png", "regions.png",
-                                       "sweep.json", "table.md"]
+                                       "runs", "sweep.json", "table.md"]
     assert (pub / "answer_prob.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
