@@ -6,7 +6,9 @@ tiny model, started by the tests with the README's command (`python rollout.py s
 - two servers share the prompts and one transfer group, and the rows stay the same;
 - faults: no server at the URL, a server serving another model, a server that dies mid-run
   (stop, then --resume once one is back), a transfer that fails halfway (the server stays paused
-  at the old version, and the next run's sync repairs it).
+  at the old version, and the next run's sync repairs it);
+- a run at K = 1 against a server, SIGKILLed in a checkpoint and resumed, trains the unbroken run's
+  batches token for token.
 """
 import shutil
 import signal
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENV, PY, ROOT, free_port, metrics, ok, run, train_cmd
+from conftest import ENV, PY, ROOT, free_port, metrics, ok, run, train_cmd, update_of
 
 pytestmark = pytest.mark.slow
 
@@ -241,6 +243,32 @@ def test_a_server_that_dies_mid_run_stops_it_and_resume_continues(tiny, server, 
                      served.url))[0])
     rows = metrics(out)
     assert [r["iter"] for r in rows] == [1, 2, 3, 4] and done >= 2
+
+
+def test_resume_at_k_1_against_a_server_trains_the_batches_of_the_unbroken_run(tiny, server, tmp_path):
+    """As tests/test_async.py's in-process test, against a server: SIGKILLed in the middle of iteration
+    3's checkpoint (tests/kill_at.py), resumed from iteration 2's with the batch then in flight. The
+    server has moved on meanwhile (the killed run synced iteration 3's weights and left requests
+    behind), so the resume must put the checkpoint's weights back before it samples: the batches
+    trained equal the unbroken run's token for token, the update to float32 noise."""
+    flags = [*SHORT, "--iters", "4", "--async_lag", "1", "--mu_source", "vllm", "--vllm_server", server.url]
+    for out, kill, more in (("straight", [], []), ("broken", ["during", "3"], ["--ckpt_every", "1"]),
+                            ("broken", [], ["--resume"])):
+        cmd = train_cmd(tiny, tmp_path / out, *flags, *more, "--save_rollouts", str(tmp_path / f"{out}-rollouts"))
+        proc = run([cmd[0], "tests/kill_at.py", *kill, *cmd[2:]] if kill else cmd, timeout=300)[0]
+        assert proc.returncode == -9 if kill else ok(proc)
+    assert "(after iteration 2)" in proc.stdout
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "broken")
+    assert [r["iter"] for r in b] == [1, 2, 3, 4] and [r["staleness"] for r in b] == [0, 1, 1, 1]
+    for t in range(1, 5):
+        name = f"iter_{t:06d}_rank000.json"
+        assert (tmp_path / "straight-rollouts" / name).read_text() == \
+            (tmp_path / "broken-rollouts" / name).read_text(), f"batch {t} differs"
+    for ra, rb in zip(a, b):
+        assert ra["reward_mean"] == rb["reward_mean"], ra["iter"]
+    one, two = update_of(tmp_path / "straight", tiny), update_of(tmp_path / "broken", tiny)
+    assert one.abs().max().item() > 1e-4, "the update barely moved the weights"
+    assert (one - two).abs().max().item() < 1e-5
 
 
 if __name__ == "__main__":
