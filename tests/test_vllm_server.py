@@ -7,6 +7,8 @@ tiny model, started by the tests with the README's command (`python rollout.py s
 - faults: no server at the URL, a server serving another model, a server that dies mid-run
   (stop, then --resume once one is back), a transfer that fails halfway (the server stays paused
   at the old version, and the next run's sync repairs it);
+- two trainer processes against one server repeat themselves and leave it the final weights
+  (each rank asks for its own prompts, rank 0 sends the weights);
 - a run at K = 1 against a server, SIGKILLed in a checkpoint and resumed, trains the unbroken run's
   batches token for token.
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENV, PY, ROOT, free_port, metrics, ok, run, train_cmd, update_of
+from conftest import ENV, LAUNCH_2, MP, PY, ROOT, free_port, metrics, ok, run, train_cmd, update_of
 
 pytestmark = pytest.mark.slow
 
@@ -243,6 +245,36 @@ def test_a_server_that_dies_mid_run_stops_it_and_resume_continues(tiny, server, 
                      served.url))[0])
     rows = metrics(out)
     assert [r["iter"] for r in rows] == [1, 2, 3, 4] and done >= 2
+
+
+def test_two_processes_against_a_server_repeat_and_leave_it_the_final_weights(tiny, server, tmp_path):
+    """Accelerate's 2 processes against one server: each rank samples its half of the prompts over
+    HTTP, rank 0 alone sends the weights, and no rank samples before the server resumed. One seed
+    twice gives the same rows (a rank sampling from weights half-sent would make them depend on
+    timing), and after the run the server's log-probs are the final weights' (MP: 2 AdamW steps
+    per iteration, the ranks holding 2 of a mini-batch's 4 groups). Not equal to one process's rows:
+    each rank seeds its own requests, as the in-process engine does."""
+    from transformers import AutoModelForCausalLM
+
+    from infra.vllm_server import ServerRollout
+    flags = [*MP, "--iters", "2", "--eval_data", "", "--max_model_len", str(MAX_LEN), "--vllm_server", server.url]
+    for name in ("a", "b"):
+        ok(run(LAUNCH_2 + train_cmd(tiny, tmp_path / name, *flags)[1:], timeout=300)[0])
+    a, b = metrics(tmp_path / "a"), metrics(tmp_path / "b")
+    assert len(a) == 2 and sum(r["updates"] for r in a) > 0
+    for x, y in zip(a, b):
+        for k in x:
+            if not k.startswith("time_") and k != "tokens_per_s":
+                assert x[k] == y[k], (x["iter"], k, x[k], y[k])
+    engine = ServerRollout([server.url], str(tiny / "model"), max_model_len=MAX_LEN)
+    seq = engine.tokenizer("max(7, 2, 0) = 7\nmin(4, 9) = 4\n")["input_ids"]
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "final", dtype=torch.float32)
+    start = AutoModelForCausalLM.from_pretrained(tiny / "model", dtype=torch.float32)
+    diff = (server_logprobs(engine.servers[0], seq) - trainer_logprobs(final, seq)).abs().max().item()
+    moved = (trainer_logprobs(start, seq) - trainer_logprobs(final, seq)).abs().max().item()
+    print(f"max |log-prob diff| server vs the final weights: {diff:.3g} (training moved them {moved:.3g})")
+    assert moved > 1e-3 and diff < 1e-4
+    assert engine.servers[0].call("GET", "weight_info")["weight_version"] == "2"
 
 
 def test_resume_at_k_1_against_a_server_trains_the_batches_of_the_unbroken_run(tiny, server, tmp_path):
